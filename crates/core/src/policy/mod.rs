@@ -1,0 +1,116 @@
+//! Routing policies: a request and a snapshot of every candidate instance in, a decision out.
+//!
+//! Invariants:
+//! - Policies see only what the caller passes in: no clock, no I/O, no global state beyond their own
+//!   bounded memory (e.g. the SGLang-style tree), so decisions are reproducible from a seed.
+//! - Candidates are the healthy instances the request may go to (the caller removes unhealthy and
+//!   already-tried ones); a policy always picks one of them when the slice is non-empty.
+//! - Ties are broken by a per-request seed, never by slice position, so no instance is favoured.
+
+use crate::index::InstanceMatch;
+use crate::load::{EngineLoad, InstanceRates, RouterLoad};
+use crate::{BlockHash, InstanceId, Millis};
+
+/// What a policy knows about the request being routed.
+#[derive(Clone, Copy, Debug)]
+pub struct RouteRequest<'a> {
+    /// The prompt's block hash chain (full blocks only).
+    pub hashes: &'a [BlockHash],
+    /// Tokens per block (exact in token mode, estimated in text mode).
+    pub tokens_per_block: u32,
+    /// Prompt length in tokens (exact or estimated).
+    pub prompt_tokens: u32,
+    /// Canonical prompt bytes (for character-based policies such as SGLang's tree).
+    pub text: &'a [u8],
+    /// Per-request seed for tie-breaking and sampling.
+    pub seed: u64,
+    /// Now, in the caller's monotonic milliseconds.
+    pub now: Millis,
+}
+
+/// One instance the request may go to, with everything known about it.
+#[derive(Clone, Copy, Debug)]
+pub struct Candidate {
+    /// The instance.
+    pub id: InstanceId,
+    /// Leading blocks of this prompt it holds, by tier.
+    pub matched: InstanceMatch,
+    /// Fleet-wide router-tracked load (this replica plus peers' gossiped shares).
+    pub load: RouterLoad,
+    /// Engine-reported load, if any was scraped.
+    pub engine: Option<EngineLoad>,
+    /// Learned (or configured) speed.
+    pub rates: InstanceRates,
+    /// Capacity of the instance's KV cache in blocks, if known.
+    pub cache_capacity_blocks: Option<u64>,
+}
+
+/// Why a policy chose what it chose (bounded set: used as a metric label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// Lowest predicted cost.
+    LowestCost,
+    /// Best cache match.
+    CacheMatch,
+    /// Least loaded (no useful match, or balancing).
+    LeastLoaded,
+    /// Load imbalance overrode cache affinity.
+    Rebalance,
+    /// Rotation, hashing or random choice.
+    Spread,
+    /// Only one candidate.
+    OnlyCandidate,
+}
+
+impl Reason {
+    /// Stable label for metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::LowestCost => "lowest_cost",
+            Reason::CacheMatch => "cache_match",
+            Reason::LeastLoaded => "least_loaded",
+            Reason::Rebalance => "rebalance",
+            Reason::Spread => "spread",
+            Reason::OnlyCandidate => "only_candidate",
+        }
+    }
+}
+
+/// One candidate's score, for explanations (`/admin/decisions`).
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct CandidateScore {
+    /// The instance.
+    pub id: InstanceId,
+    /// Policy-specific score (kvgate: predicted cost in ms; lower is better unless stated).
+    pub score: f64,
+    /// Leading blocks matched.
+    pub matched_blocks: u32,
+}
+
+/// A routing decision.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Decision {
+    /// The chosen instance.
+    pub chosen: InstanceId,
+    /// Leading blocks of the prompt the chosen instance holds.
+    pub matched_blocks: u32,
+    /// Predicted time to first token on the chosen instance, in ms (policies without a model: 0).
+    pub predicted_cost_ms: f64,
+    /// Why.
+    pub reason: Reason,
+    /// Every candidate's score, in candidate order.
+    pub scores: Vec<CandidateScore>,
+}
+
+/// A routing policy. Implementations are `Send + Sync` and keep only bounded internal state.
+pub trait Policy: Send + Sync {
+    /// The policy's config name (e.g. `"kvgate"`, `"round_robin"`).
+    fn name(&self) -> &'static str;
+    /// Chooses among `candidates` (non-empty). Returns `None` only for an empty slice.
+    fn decide(&self, req: &RouteRequest<'_>, candidates: &[Candidate]) -> Option<Decision>;
+    /// Tells the policy where the request went (policies with their own memory update it here).
+    fn on_routed(&self, req: &RouteRequest<'_>, chosen: InstanceId) {
+        let _ = (req, chosen);
+    }
+}
