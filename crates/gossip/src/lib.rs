@@ -1,1 +1,105 @@
-//! placeholder
+//! # kvgate-gossip: gateway replicas that behave like one router
+//!
+//! Several kvgate replicas behind one Service share three things so that any of them routes a
+//! request as a single gateway would:
+//!
+//! 1. **predicted placements**: each replica's routing decisions (instance, the new block hashes,
+//!    time), applied by peers to their [`PlacementIndex`](kvgate_core::index::PlacementIndex) as
+//!    `Source::Peer` predictions with a TTL;
+//! 2. **in-flight load**: each replica's router-tracked [`RouterLoad`](kvgate_core::load::RouterLoad)
+//!    per instance, summed over live peers by [`Gossip::peer_load`];
+//! 3. **health observations** of instances, merged by [`Gossip::peer_health`].
+//!
+//! Engine-event-sourced entries are never gossiped: every replica subscribes to the engines itself.
+//!
+//! ## Layout
+//!
+//! - [`config`]: [`GossipConfig`], the one place of its defaults.
+//! - [`membership`]: SWIM membership and failure detection with the `foca` crate (no I/O core),
+//!   driven by one task; seeds from static addresses or a DNS name (`seeds` module).
+//! - `flush` / `recv` / `snapshot`: the data plane: batched deltas out, authenticated datagrams
+//!   in, snapshots for joiners.
+//! - [`wire`]: the authenticated envelope (HMAC-SHA256, cluster id, replay window) and the compact
+//!   binary payloads.
+//! - [`transport`]: datagram I/O behind a trait (UDP, plus a partition switch for tests).
+//! - [`directory`]: stable instance names across replicas; [`store`]: the index view gossip uses.
+//! - [`status`]: `/admin/cluster`; [`metrics`]: metric names.
+//!
+//! ## Design
+//!
+//! Membership rides on foca's SWIM datagrams (≤ 1,400 bytes, a few per second per member). The
+//! data plane is separate, because the per-key, one-datagram-per-round model of gossip libraries
+//! is far too small for a block index: every `flush_interval_ms` (25 ms) a replica packs the
+//! decisions recorded since the last flush into delta batches of at most `max_message_bytes`
+//! (60 KiB) and sends each batch **directly to every live member** over the same UDP socket. Each
+//! replica is the only source of its own decisions, so nothing is relayed and nothing is
+//! reconciled: a receiver just calls `predict(instance, hashes, Source::Peer, ttl, now)`.
+//!
+//! Loss is repaired at three levels: batches carry a per-sender sequence number and a receiver
+//! that sees a gap asks for a resend from the sender's bounded log (`log_max_bytes`); a gap older
+//! than the log, a join, a restart or a healed partition fetches a **snapshot** of the peer's own
+//! live predictions (`for_each_prediction(Source::Local)`), paced at `snapshot_bytes_per_s`; and
+//! whatever is still missed expires by TTL or is re-learned from the engines' KV events.
+//!
+//! A replica declared dead (SWIM) or replaced by a restart stops counting at once: its load and
+//! health shares are dropped, and (with `forget_dead_peer_placements`) every peer-sourced
+//! prediction is cleared and re-fetched from the live peers, since the index does not attribute
+//! peer entries to a particular peer. Shares of a peer that goes silent expire after
+//! `peer_ttl_ms`.
+//!
+//! Instances are named on the wire by [`instance_key`] (XXH3-64 of the configured name or URL),
+//! not by the per-process [`InstanceId`](kvgate_core::InstanceId).
+//!
+//! ## Security
+//!
+//! Every datagram, membership included, is authenticated with HMAC-SHA256 under the shared
+//! secret, over the cluster id and the whole datagram; size-bounded; checked against a
+//! timestamp window (`max_clock_skew_ms`) and a per-sender 64-counter replay window; and decoded
+//! by total decoders that cannot be made to over-allocate. Anything else is dropped and counted in
+//! `kvgate_gossip_rejected_total{reason}`. Payloads are authenticated, not encrypted: block hashes
+//! and load figures reveal no prompt text.
+//!
+//! ## Bandwidth and state bounds
+//!
+//! Block hashes are uniformly random 64-bit values, so 8 bytes per block is the floor; everything
+//! around them is varints. A decision costs `8 (instance) + ~2 (age) + 3 (ttl) + 2 (count) + 8·n`
+//! bytes for `n` new blocks, plus a 66-byte envelope per ≤ 60 KiB batch. With `R` decisions/s per
+//! replica, `n̄` new blocks per decision and `N` replicas, each replica sends and receives
+//! about `(N − 1) · R · (15 + 8 n̄)` bytes/s of placements, plus load shares
+//! (`(N − 1) · 20 · (10 + 15 · instances)` bytes/s at the 50 ms load tick) and membership
+//! (~1 KB/s): linear in the new-block rate and in the replica count, independent of the index
+//! size. An ~8K-token prompt is 512 blocks of 16 tokens (4,111 bytes if every block is new) or 128
+//! blocks of 64 tokens (1,039 bytes); only the blocks the index did not already hold on the chosen
+//! instance are sent, so with multi-turn reuse `n̄` is the new turn, not the prompt. At
+//! 250 decisions/s per replica and 4 replicas that is 3 × 250 × (15 + 8 n̄) bytes/s:
+//! ≈ 3.1 MB/s when every block of a 16-token-block prompt is new (the worst case), and
+//! ≈ 0.5 MB/s at `n̄ ≈ 80` (1,280 new tokens per request).
+//! `docs/gossip.md` has the measured figures.
+//!
+//! State is bounded independently of traffic: the pending queue by `max_pending_hashes` (oldest
+//! dropped and counted), the resend log by `log_max_bytes`, the peer table by 1,024 authenticated
+//! senders, the replay table by 4,096 senders, per-peer shares by the directory's instances, the
+//! membership channel by 1,024 packets, and snapshots in flight by 2; received predictions live in
+//! the index, under the index's own bounds.
+
+pub mod config;
+pub mod directory;
+mod flush;
+mod gossip;
+pub mod membership;
+pub mod metrics;
+mod node;
+mod recv;
+mod seeds;
+mod snapshot;
+pub mod status;
+pub mod store;
+pub mod transport;
+pub mod wire;
+
+pub use config::{GossipConfig, ENV_SECRET};
+pub use directory::{instance_key, InstanceDirectory};
+pub use gossip::{Gossip, GossipError};
+pub use node::Clock;
+pub use status::{ClusterStatus, MemberStatus};
+pub use store::PlacementStore;

@@ -1,0 +1,226 @@
+//! Gossip configuration: the one place of its defaults.
+//!
+//! Invariants:
+//! - Every default lives in `impl Default for GossipConfig` and nowhere else.
+//! - Unknown keys are rejected (`deny_unknown_fields`); [`GossipConfig::validate`] rejects values
+//!   that would make the protocol unsafe or unbounded (empty secret, zero intervals, datagrams larger
+//!   than UDP allows) before anything binds a socket.
+//! - The secret never appears in serialized output (`/admin/config` shows the section without it).
+
+use serde::{Deserialize, Serialize};
+
+/// Environment variable that supplies the cluster secret (preferred over a secret in a file).
+pub const ENV_SECRET: &str = "KVGATE_GOSSIP_SECRET";
+
+/// Largest UDP payload over IPv4.
+pub const MAX_UDP_PAYLOAD: usize = 65_507;
+
+/// Configuration of replica gossip. Maps to the `[gossip]` table of the gateway's config.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GossipConfig {
+    /// Off by default: a single gateway needs no gossip.
+    pub enabled: bool,
+    /// UDP address to bind (membership and data share one socket). Port 0 picks a free port.
+    pub bind: String,
+    /// Address peers use to reach this replica; empty = the bound address (fine unless NAT or a
+    /// wildcard bind is involved; in Kubernetes set it to the pod IP and port).
+    pub advertise: String,
+    /// Static seeds, `host:port`; re-resolved every `seed_interval_ms`.
+    pub seeds: Vec<String>,
+    /// A DNS name (`host:port`) resolving to every replica, e.g. a Kubernetes headless Service;
+    /// re-resolved every `seed_interval_ms`.
+    pub dns_seed: Option<String>,
+    /// Cluster name; replicas with a different name never exchange state, even with one secret.
+    pub cluster_id: String,
+    /// Shared cluster secret for HMAC-SHA256 (at least 16 bytes). Prefer the
+    /// `KVGATE_GOSSIP_SECRET` environment variable; never serialized.
+    #[serde(skip_serializing)]
+    pub secret: String,
+    /// How often pending routing decisions are batched and pushed to every live peer.
+    pub flush_interval_ms: u64,
+    /// How often this replica's in-flight load and health observations are pushed.
+    pub load_interval_ms: u64,
+    /// SWIM probe period.
+    pub probe_period_ms: u64,
+    /// SWIM probe round-trip timeout (must be below `probe_period_ms`).
+    pub probe_rtt_ms: u64,
+    /// How long a suspected member has to refute before it is declared down.
+    pub suspect_to_down_ms: u64,
+    /// How often seeds are re-resolved and announced to (when not already members).
+    pub seed_interval_ms: u64,
+    /// Largest datagram sent or accepted, envelope included.
+    pub max_message_bytes: usize,
+    /// A peer's load and health shares expire when nothing was heard from it for this long.
+    pub peer_ttl_ms: u64,
+    /// Time-to-live given to a prediction received from a peer (should equal the gateway's own
+    /// prediction TTL); the age of the decision at sending is subtracted.
+    pub prediction_ttl_ms: u64,
+    /// Bound on the log of recently sent delta batches kept for resends to peers that missed one.
+    pub log_max_bytes: usize,
+    /// Bound on block hashes waiting for the next flush; beyond it the oldest decisions are dropped
+    /// (and counted).
+    pub max_pending_hashes: usize,
+    /// Pace of snapshot transfer to a joining peer, in bytes per second.
+    pub snapshot_bytes_per_s: u64,
+    /// Accepted difference between a message's timestamp and this replica's wall clock; older or
+    /// newer messages are rejected as replays.
+    pub max_clock_skew_ms: u64,
+    /// When a peer dies, drop every peer-sourced prediction and re-fetch snapshots from the live
+    /// peers, so the dead replica's contributions disappear at once instead of by TTL.
+    pub forget_dead_peer_placements: bool,
+}
+
+impl Default for GossipConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            bind: "0.0.0.0:7946".to_string(),
+            advertise: String::new(),
+            seeds: Vec::new(),
+            dns_seed: None,
+            cluster_id: "kvgate".to_string(),
+            secret: String::new(),
+            flush_interval_ms: 25,
+            load_interval_ms: 50,
+            probe_period_ms: 1_000,
+            probe_rtt_ms: 400,
+            suspect_to_down_ms: 3_000,
+            seed_interval_ms: 5_000,
+            max_message_bytes: 60 * 1024,
+            peer_ttl_ms: 5_000,
+            prediction_ttl_ms: 120_000,
+            log_max_bytes: 16 * 1024 * 1024,
+            max_pending_hashes: 1 << 20,
+            snapshot_bytes_per_s: 32 * 1024 * 1024,
+            max_clock_skew_ms: 30_000,
+            forget_dead_peer_placements: true,
+        }
+    }
+}
+
+/// An invalid gossip setting, naming the key.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("gossip.{key}: {message}")]
+pub struct ConfigError {
+    /// The offending key.
+    pub key: &'static str,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+fn err(key: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key,
+        message: message.into(),
+    }
+}
+
+impl GossipConfig {
+    /// Fills `secret` from `KVGATE_GOSSIP_SECRET` when that variable is set and non-empty.
+    pub fn apply_env(&mut self) {
+        if let Ok(s) = std::env::var(ENV_SECRET) {
+            if !s.is_empty() {
+                self.secret = s;
+            }
+        }
+    }
+
+    /// Checks the settings (only meaningful when `enabled`; a disabled section always passes).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if self.secret.len() < 16 {
+            return Err(err(
+                "secret",
+                format!("must be at least 16 bytes (set {ENV_SECRET})"),
+            ));
+        }
+        if self.cluster_id.is_empty() || self.cluster_id.len() > 255 {
+            return Err(err("cluster_id", "must be 1..=255 bytes"));
+        }
+        if self.bind.is_empty() {
+            return Err(err("bind", "must be host:port"));
+        }
+        if !(1024..=MAX_UDP_PAYLOAD).contains(&self.max_message_bytes) {
+            return Err(err(
+                "max_message_bytes",
+                format!("must be within 1024..={MAX_UDP_PAYLOAD}"),
+            ));
+        }
+        let positive: [(&'static str, u64); 8] = [
+            ("flush_interval_ms", self.flush_interval_ms),
+            ("load_interval_ms", self.load_interval_ms),
+            ("probe_period_ms", self.probe_period_ms),
+            ("probe_rtt_ms", self.probe_rtt_ms),
+            ("suspect_to_down_ms", self.suspect_to_down_ms),
+            ("seed_interval_ms", self.seed_interval_ms),
+            ("peer_ttl_ms", self.peer_ttl_ms),
+            ("snapshot_bytes_per_s", self.snapshot_bytes_per_s),
+        ];
+        for (key, v) in positive {
+            if v == 0 {
+                return Err(err(key, "must be positive"));
+            }
+        }
+        if self.probe_rtt_ms >= self.probe_period_ms {
+            return Err(err("probe_rtt_ms", "must be below probe_period_ms"));
+        }
+        if self.log_max_bytes < self.max_message_bytes {
+            return Err(err("log_max_bytes", "must hold at least one message"));
+        }
+        if self.max_pending_hashes == 0 {
+            return Err(err("max_pending_hashes", "must be positive"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enabled() -> GossipConfig {
+        GossipConfig {
+            enabled: true,
+            secret: "0123456789abcdef".into(),
+            ..GossipConfig::default()
+        }
+    }
+
+    #[test]
+    fn disabled_default_is_valid_and_enabled_needs_secret() {
+        assert_eq!(GossipConfig::default().validate(), Ok(()));
+        let mut c = enabled();
+        assert_eq!(c.validate(), Ok(()));
+        c.secret = "short".into();
+        assert_eq!(c.validate().map_err(|e| e.key), Err("secret"));
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        let mut c = enabled();
+        c.max_message_bytes = 70_000;
+        assert_eq!(c.validate().map_err(|e| e.key), Err("max_message_bytes"));
+        let mut c = enabled();
+        c.flush_interval_ms = 0;
+        assert_eq!(c.validate().map_err(|e| e.key), Err("flush_interval_ms"));
+        let mut c = enabled();
+        c.probe_rtt_ms = c.probe_period_ms;
+        assert_eq!(c.validate().map_err(|e| e.key), Err("probe_rtt_ms"));
+    }
+
+    #[test]
+    fn secret_is_not_serialized() {
+        let json = serde_json::to_string(&enabled()).unwrap();
+        assert!(!json.contains("0123456789abcdef"));
+        assert!(json.contains("cluster_id"));
+    }
+
+    #[test]
+    fn unknown_keys_rejected() {
+        let r: Result<GossipConfig, _> = serde_json::from_str(r#"{"enabled":true,"nope":1}"#);
+        assert!(r.is_err());
+    }
+}

@@ -1,0 +1,141 @@
+//! The flush loop: every `flush_interval_ms`, pending decisions become delta batches pushed to
+//! every live peer; every `load_interval_ms` (when changed, or at least every second) the load and
+//! health shares are pushed; a few times a second, housekeeping.
+//!
+//! Invariants:
+//! - Each batch fits one datagram (`max_message_bytes`), gets the next sequence number and enters
+//!   the bounded resend log before it is sent.
+//! - A decision's TTL on the wire is the configured prediction TTL minus its age at sending, so a
+//!   delayed batch never extends a prediction.
+
+use crate::node::{wall_ms, Inner};
+use crate::wire::envelope::OVERHEAD;
+use crate::wire::payload::{self, EntriesBuilder, LoadShare};
+use crate::wire::Kind;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Heartbeat of load shares even when unchanged (peers expire them after `peer_ttl_ms`).
+const LOAD_HEARTBEAT_MS: u64 = 1_000;
+/// Housekeeping period.
+const HOUSEKEEPING_MS: u64 = 250;
+
+/// Runs until shutdown, then flushes once more.
+pub(crate) async fn run(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(inner.cfg.flush_interval_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_load = 0u64;
+    let mut last_house = 0u64;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => {
+                flush_decisions(&inner).await;
+                break;
+            }
+        }
+        flush_decisions(&inner).await;
+        let now = inner.now();
+        if now.saturating_sub(last_load) >= inner.cfg.load_interval_ms {
+            last_load = now;
+            flush_load(&inner, now).await;
+        }
+        if now.saturating_sub(last_house) >= HOUSEKEEPING_MS {
+            last_house = now;
+            inner.housekeeping().await;
+        }
+    }
+}
+
+/// Sends every pending decision as delta batches.
+pub(crate) async fn flush_decisions(inner: &Inner) {
+    let items = {
+        let mut p = inner.pending.lock();
+        p.hashes = 0;
+        std::mem::take(&mut p.items)
+    };
+    if items.is_empty() {
+        return;
+    }
+    let dests = inner.live_dests();
+    let now = inner.now();
+    let budget = inner.cfg.max_message_bytes - OVERHEAD - 10;
+    let mut b = EntriesBuilder::new(wall_ms(), budget);
+    for d in &items {
+        let age = now.saturating_sub(d.at);
+        let ttl = inner.cfg.prediction_ttl_ms.saturating_sub(age);
+        if ttl == 0 {
+            continue;
+        }
+        let mut rest = &d.hashes[..];
+        while !rest.is_empty() {
+            let n = b.push(d.key, d.wall, ttl, rest);
+            if n > 0 {
+                rest = &rest[n..];
+            } else if b.is_empty() {
+                break; // cannot happen with a validated config; never spin
+            } else {
+                let full = std::mem::replace(&mut b, EntriesBuilder::new(wall_ms(), budget));
+                emit(inner, full, &dests).await;
+            }
+        }
+    }
+    if !b.is_empty() {
+        emit(inner, b, &dests).await;
+    }
+}
+
+async fn emit(inner: &Inner, b: EntriesBuilder, dests: &[(u64, std::net::SocketAddr)]) {
+    let mut buf = Vec::new();
+    let seq = {
+        let mut log = inner.log.lock();
+        let seq = log.next_seq;
+        log.next_seq += 1;
+        payload::encode_delta(seq, b, &mut buf);
+        log.push(seq, Arc::from(buf.as_slice()), inner.cfg.log_max_bytes);
+        seq
+    };
+    tracing::trace!(seq, bytes = buf.len(), peers = dests.len(), "gossip: delta");
+    inner.send_sealed(Kind::Delta, &buf, dests).await;
+}
+
+/// Sends this replica's load and health shares when changed or due for a heartbeat.
+async fn flush_load(inner: &Inner, now: u64) {
+    let shares: Vec<LoadShare> = {
+        let mut l = inner.local.lock();
+        if !l.dirty && now.saturating_sub(l.last_sent) < LOAD_HEARTBEAT_MS {
+            return;
+        }
+        l.dirty = false;
+        l.last_sent = now;
+        let mut ids: Vec<_> = l.loads.keys().chain(l.health.keys()).copied().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter()
+            .filter_map(|id| {
+                let key = inner.directory.key_of(id)?;
+                let load = l.loads.get(&id).copied().unwrap_or_default();
+                Some(LoadShare {
+                    instance_key: key,
+                    in_flight: load.in_flight,
+                    pending_prefill_tokens: load.pending_prefill_tokens,
+                    decoding: load.decoding,
+                    healthy: l.health.get(&id).copied(),
+                })
+            })
+            .collect()
+    };
+    let dests = inner.live_dests();
+    // A fleet too large for one datagram is sent in several; each is a full state of its part.
+    let per = (inner.cfg.max_message_bytes - OVERHEAD - 10) / 40;
+    let mut buf = Vec::new();
+    for part in shares.chunks(per.max(1)) {
+        payload::encode_load(part, &mut buf);
+        inner.send_sealed(Kind::Load, &buf, &dests).await;
+    }
+    if shares.is_empty() {
+        payload::encode_load(&[], &mut buf);
+        inner.send_sealed(Kind::Load, &buf, &dests).await;
+    }
+}

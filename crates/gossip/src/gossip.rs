@@ -1,0 +1,365 @@
+//! The public handle: start, feed decisions and load, read peers' load and health, inspect,
+//! shut down.
+//!
+//! Invariants:
+//! - The request-path methods (`record_decision`, `peer_load`, `peer_health`) take one short lock
+//!   and never wait on I/O.
+//! - `shutdown` leaves the cluster gracefully (peers see this replica leave at once instead of
+//!   after a failure-detection timeout) and waits for every task.
+
+use crate::directory::InstanceDirectory;
+use crate::membership::{self, NodeIdentity};
+use crate::node::{Clock, Inner, PendingDecision, Stats};
+use crate::status::{ClusterStatus, MemberStatus};
+use crate::store::PlacementStore;
+use crate::transport::{Transport, UdpTransport};
+use crate::wire::envelope::Keys;
+use crate::{flush, recv, snapshot, GossipConfig};
+use kvgate_core::load::RouterLoad;
+use kvgate_core::{BlockHash, InstanceId, Millis};
+use parking_lot::Mutex;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::task::JoinHandle;
+
+/// Why gossip could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GossipError {
+    /// `enabled = false`: the caller should not start gossip.
+    #[error("gossip is disabled in the configuration")]
+    Disabled,
+    /// An invalid setting.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// An address did not resolve.
+    #[error("gossip.{key}: cannot resolve {addr:?}: {message}")]
+    Resolve {
+        /// The config key.
+        key: &'static str,
+        /// The address.
+        addr: String,
+        /// Why.
+        message: String,
+    },
+    /// The socket could not be bound.
+    #[error("gossip: cannot bind {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+struct Tasks {
+    shutdown: watch::Sender<bool>,
+    handles: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// A running gossip replica. Cheap to clone; every clone is the same replica.
+#[derive(Clone)]
+pub struct Gossip {
+    inner: Arc<Inner>,
+    tasks: Arc<Tasks>,
+}
+
+impl std::fmt::Debug for Gossip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gossip")
+            .field("addr", &self.inner.addr)
+            .field("node", &format_args!("{:016x}", self.inner.node_id))
+            .finish()
+    }
+}
+
+async fn resolve(key: &'static str, addr: &str) -> Result<SocketAddr, GossipError> {
+    let err = |message: String| GossipError::Resolve {
+        key,
+        addr: addr.to_string(),
+        message,
+    };
+    tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| err(e.to_string()))?
+        .next()
+        .ok_or_else(|| err("no address".into()))
+}
+
+impl Gossip {
+    /// Binds the configured UDP address and starts gossiping.
+    ///
+    /// `index` receives peers' predictions and provides this replica's own for snapshots;
+    /// `directory` names instances across replicas; `clock` is the monotonic clock the gateway
+    /// passes to the index.
+    pub async fn start(
+        cfg: GossipConfig,
+        index: Arc<dyn PlacementStore>,
+        directory: InstanceDirectory,
+        clock: Clock,
+    ) -> Result<Gossip, GossipError> {
+        if !cfg.enabled {
+            return Err(GossipError::Disabled);
+        }
+        cfg.validate()?;
+        let bind = resolve("bind", &cfg.bind).await?;
+        let t = UdpTransport::bind(bind)
+            .await
+            .map_err(|source| GossipError::Bind { addr: bind, source })?;
+        Self::start_with_transport(cfg, Arc::new(t), index, directory, clock).await
+    }
+
+    /// Starts gossiping over `transport` (tests wrap UDP to inject partitions).
+    pub async fn start_with_transport(
+        cfg: GossipConfig,
+        transport: Arc<dyn Transport>,
+        index: Arc<dyn PlacementStore>,
+        directory: InstanceDirectory,
+        clock: Clock,
+    ) -> Result<Gossip, GossipError> {
+        if !cfg.enabled {
+            return Err(GossipError::Disabled);
+        }
+        cfg.validate()?;
+        let local = transport.local_addr().map_err(|source| GossipError::Bind {
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            source,
+        })?;
+        let addr = if cfg.advertise.is_empty() {
+            if local.ip().is_unspecified() {
+                return Err(GossipError::Resolve {
+                    key: "advertise",
+                    addr: local.to_string(),
+                    message: "bound to a wildcard address; set gossip.advertise".into(),
+                });
+            }
+            local
+        } else {
+            resolve("advertise", &cfg.advertise).await?
+        };
+        let node_id: u64 = rand::random::<u64>() | 1;
+        let epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0);
+        let (membership_tx, membership_rx) = mpsc::channel(1024);
+        let inner = Arc::new(Inner {
+            keys: Keys::new(&cfg.cluster_id, cfg.secret.as_bytes()),
+            cfg,
+            node_id,
+            addr,
+            transport,
+            store: index,
+            directory,
+            clock,
+            counter: AtomicU64::new(1),
+            pending: Mutex::default(),
+            log: Mutex::default(),
+            local: Mutex::default(),
+            peers: Mutex::default(),
+            members: Default::default(),
+            agg: Default::default(),
+            stats: Stats::default(),
+            membership_tx,
+            snapshot_slots: Arc::new(Semaphore::new(snapshot::SNAPSHOT_SLOTS)),
+        });
+        let (shutdown, rx) = watch::channel(false);
+        let identity = NodeIdentity {
+            addr,
+            node: node_id,
+            epoch,
+            bump: 0,
+        };
+        let handles = vec![
+            tokio::spawn(membership::run(
+                inner.clone(),
+                identity,
+                membership_rx,
+                rx.clone(),
+            )),
+            tokio::spawn(recv::run(inner.clone(), rx.clone())),
+            tokio::spawn(flush::run(inner.clone(), rx.clone())),
+            tokio::spawn(crate::seeds::run(inner.clone(), rx)),
+        ];
+        tracing::info!(%addr, node = format_args!("{node_id:016x}"), "gossip: started");
+        Ok(Gossip {
+            inner,
+            tasks: Arc::new(Tasks {
+                shutdown,
+                handles: Mutex::new(handles),
+            }),
+        })
+    }
+
+    /// Shares a routing decision: `instance` will hold `hashes`.
+    ///
+    /// Pass only the blocks this decision adds, i.e. `&hashes[matched..]` where `matched` is the
+    /// leading run the index already held on `instance` before the decision (from any source):
+    /// peers already know those. `now` is the caller's monotonic clock. Cheap: one short lock and
+    /// a copy; the send happens on the next flush.
+    pub fn record_decision(&self, instance: InstanceId, hashes: &[BlockHash], now: Millis) {
+        if hashes.is_empty() {
+            return;
+        }
+        let Some(key) = self.inner.directory.key_of(instance) else {
+            return;
+        };
+        let max = self.inner.cfg.max_pending_hashes;
+        let hashes = &hashes[..hashes.len().min(max)];
+        let d = PendingDecision {
+            key,
+            at: now,
+            wall: crate::node::wall_ms(),
+            hashes: hashes.to_vec(),
+        };
+        let mut p = self.inner.pending.lock();
+        let mut dropped = 0u64;
+        while p.hashes + hashes.len() > max {
+            match p.items.pop_front() {
+                Some(old) => {
+                    p.hashes -= old.hashes.len();
+                    dropped += 1;
+                }
+                None => break,
+            }
+        }
+        p.hashes += hashes.len();
+        p.items.push_back(d);
+        p.dropped += dropped;
+        drop(p);
+        if dropped > 0 {
+            metrics::counter!(crate::metrics::DROPPED_DECISIONS_TOTAL).increment(dropped);
+        }
+    }
+
+    /// Publishes this replica's router-tracked load per instance (full state; call periodically,
+    /// e.g. every `load_interval_ms`). Sent on the next load tick if anything changed.
+    pub fn publish_load(&self, loads: &[(InstanceId, RouterLoad)]) {
+        let mut l = self.inner.local.lock();
+        for &(id, load) in loads {
+            if l.loads.insert(id, load) != Some(load) {
+                l.dirty = true;
+            }
+        }
+    }
+
+    /// Publishes this replica's health observations (true = healthy).
+    pub fn publish_health(&self, health: &[(InstanceId, bool)]) {
+        let mut l = self.inner.local.lock();
+        for &(id, ok) in health {
+            if l.health.insert(id, ok) != Some(ok) {
+                l.dirty = true;
+            }
+        }
+    }
+
+    /// The sum of live peers' router-tracked load on `instance` (this replica's own excluded):
+    /// score on own + this for fleet-wide load.
+    pub fn peer_load(&self, instance: InstanceId) -> RouterLoad {
+        self.inner
+            .agg
+            .read()
+            .load
+            .get(instance.index())
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Live peers' view of `instance`: `Some(false)` if any peer observes it dead,
+    /// `Some(true)` if some observe it healthy and none dead, `None` without reports.
+    pub fn peer_health(&self, instance: InstanceId) -> Option<bool> {
+        self.inner
+            .agg
+            .read()
+            .health
+            .get(instance.index())
+            .copied()
+            .flatten()
+    }
+
+    /// The advertised address of this replica.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.addr
+    }
+
+    /// Number of live peers.
+    pub fn live_peers(&self) -> usize {
+        self.inner.live_dests().len()
+    }
+
+    /// Members, their state, last heard, lag and bytes, for `/admin/cluster`.
+    pub fn cluster_status(&self) -> ClusterStatus {
+        let i = &self.inner;
+        let now = i.now();
+        let members = {
+            let peers = i.peers.lock();
+            i.members
+                .read()
+                .iter()
+                .filter(|v| v.id.node != i.node_id)
+                .map(|v| {
+                    let p = peers.get(&v.id.node);
+                    MemberStatus {
+                        addr: v.id.addr.to_string(),
+                        node_id: format!("{:016x}", v.id.node),
+                        state: match v.state {
+                            foca::State::Alive => "alive",
+                            foca::State::Suspect => "suspect",
+                            foca::State::Down => "down",
+                        },
+                        last_heard_ms_ago: p
+                            .and_then(|p| p.last_heard)
+                            .map(|t| now.saturating_sub(t)),
+                        lag_ms: p.and_then(|p| p.lag_ms),
+                        lag_ewma_ms: p.and_then(|p| p.lag_ewma_ms),
+                        bytes_in: p.map_or(0, |p| p.bytes_in),
+                        bytes_out: p.map_or(0, |p| p.bytes_out),
+                        next_seq: p.and_then(|p| p.next_seq),
+                        repairs: p.map_or(0, |p| p.repairs),
+                        load_instances: p.map_or(0, |p| p.shares.len()),
+                    }
+                })
+                .collect()
+        };
+        let (log_bytes, batches_sent) = {
+            let l = i.log.lock();
+            (l.bytes, l.next_seq)
+        };
+        let (pending_hashes, dropped_decisions) = {
+            let p = i.pending.lock();
+            (p.hashes, p.dropped)
+        };
+        ClusterStatus {
+            cluster_id: i.cfg.cluster_id.clone(),
+            node_id: format!("{:016x}", i.node_id),
+            addr: i.addr.to_string(),
+            members,
+            bytes_in: i.stats.bytes_in.load(Ordering::Relaxed),
+            bytes_out: i.stats.bytes_out.load(Ordering::Relaxed),
+            messages_in: i.stats.messages_in.load(Ordering::Relaxed),
+            messages_out: i.stats.messages_out.load(Ordering::Relaxed),
+            rejected: i.stats.rejected.lock().clone(),
+            batches_sent,
+            log_bytes,
+            pending_hashes,
+            dropped_decisions,
+        }
+    }
+
+    /// Leaves the cluster and stops every task (waits at most a few seconds).
+    pub async fn shutdown(self) {
+        let _ = self.tasks.shutdown.send(true);
+        let handles = std::mem::take(&mut *self.tasks.handles.lock());
+        for h in handles {
+            let abort = h.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(3), h)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+    }
+}

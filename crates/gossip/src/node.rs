@@ -1,0 +1,481 @@
+//! Shared state of one gossip replica and the actions every task performs on it.
+//!
+//! Invariants:
+//! - Locks are `parking_lot` and never held across an `.await`; each guards bounded state.
+//! - A peer's load and health count only while it is a live member and was heard within
+//!   `peer_ttl_ms`; the aggregate read on the request path is recomputed on every change and on
+//!   the housekeeping tick, so reads are one short read lock.
+//! - The peer table holds at most `MAX_PEERS` entries (authenticated senders only).
+
+use crate::directory::InstanceDirectory;
+use crate::membership::{MemberView, MembershipInput, NodeIdentity};
+use crate::store::PlacementStore;
+use crate::transport::Transport;
+use crate::wire::envelope::{Header, Keys, Reject};
+use crate::wire::payload::{self, Entry, LoadShare};
+use crate::wire::Kind;
+use crate::{metrics as m, GossipConfig};
+use ahash::AHashMap;
+use kvgate_core::load::RouterLoad;
+use kvgate_core::{BlockHash, InstanceId, Millis};
+use parking_lot::{Mutex, RwLock};
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::{mpsc, Semaphore};
+
+/// The caller's monotonic clock (the same origin as the index's `now`).
+pub type Clock = Arc<dyn Fn() -> Millis + Send + Sync>;
+
+/// Bound on the peer table.
+const MAX_PEERS: usize = 1024;
+/// A snapshot request with no progress for this long is asked again.
+const SNAPSHOT_RETRY_MS: Millis = 2_000;
+/// Attempts per snapshot before giving up (TTLs and deltas still converge the index).
+const SNAPSHOT_ATTEMPTS: u32 = 3;
+/// Resend requests per peer are at most this frequent.
+const RESEND_EVERY_MS: Millis = 100;
+/// Longest gap repaired by resends; larger gaps ask for a snapshot.
+pub(crate) const MAX_RESEND_SPAN: u64 = 256;
+
+/// Wall clock, ms since the UNIX epoch (for timestamps and convergence lag, which cross
+/// processes; the monotonic [`Clock`] never leaves the process).
+pub(crate) fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// One routing decision waiting for the next flush.
+pub(crate) struct PendingDecision {
+    pub key: u64,
+    pub at: Millis,
+    pub wall: u64,
+    pub hashes: Vec<BlockHash>,
+}
+
+/// Decisions waiting for the next flush, bounded by total hashes.
+#[derive(Default)]
+pub(crate) struct Pending {
+    pub items: VecDeque<PendingDecision>,
+    pub hashes: usize,
+    pub dropped: u64,
+}
+
+/// Recently sent delta batches, for resends; bounded by bytes.
+#[derive(Default)]
+pub(crate) struct SentLog {
+    pub batches: VecDeque<(u64, Arc<[u8]>)>,
+    pub bytes: usize,
+    pub next_seq: u64,
+}
+
+impl SentLog {
+    pub fn push(&mut self, seq: u64, payload: Arc<[u8]>, max_bytes: usize) {
+        self.bytes += payload.len();
+        self.batches.push_back((seq, payload));
+        while self.bytes > max_bytes {
+            match self.batches.pop_front() {
+                Some((_, p)) => self.bytes -= p.len(),
+                None => break,
+            }
+        }
+    }
+    /// The batches `from..=to`, if all are still held.
+    pub fn range(&self, from: u64, to: u64) -> Option<Vec<Arc<[u8]>>> {
+        let first = self.batches.front()?.0;
+        if from < first || to >= self.next_seq {
+            return None;
+        }
+        let start = (from - first) as usize;
+        let end = (to - first) as usize;
+        Some(
+            self.batches
+                .range(start..=end)
+                .map(|(_, p)| p.clone())
+                .collect(),
+        )
+    }
+}
+
+/// This replica's latest published load and health.
+#[derive(Default)]
+pub(crate) struct LocalShares {
+    pub loads: AHashMap<InstanceId, RouterLoad>,
+    pub health: AHashMap<InstanceId, bool>,
+    pub dirty: bool,
+    pub last_sent: Millis,
+}
+
+/// What this replica knows about one peer.
+#[derive(Default)]
+pub(crate) struct PeerState {
+    pub addr: Option<SocketAddr>,
+    pub up: bool,
+    pub last_heard: Option<Millis>,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub next_seq: Option<u64>,
+    pub last_resend_ask: Millis,
+    pub repairs: u64,
+    /// Latest share per instance, with when it arrived (merged: a large fleet spans datagrams).
+    pub shares: AHashMap<InstanceId, (LoadShare, Millis)>,
+    pub lag_ms: Option<u64>,
+    pub lag_ewma_ms: Option<f64>,
+    /// Outstanding snapshot request: (request id, last progress, attempts).
+    pub snapshot: Option<(u64, Millis, u32)>,
+    pub last_snapshot_served: Option<Millis>,
+}
+
+/// Sum of live peers' shares, indexed by `InstanceId::index()`.
+#[derive(Default)]
+pub(crate) struct Aggregate {
+    pub load: Vec<RouterLoad>,
+    pub health: Vec<Option<bool>>,
+}
+
+/// Counters for status and tests.
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub messages_in: AtomicU64,
+    pub messages_out: AtomicU64,
+    pub rejected: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+/// Everything one replica shares between its tasks.
+pub(crate) struct Inner {
+    pub cfg: GossipConfig,
+    pub node_id: u64,
+    pub addr: SocketAddr,
+    pub keys: Keys,
+    pub transport: Arc<dyn Transport>,
+    pub store: Arc<dyn PlacementStore>,
+    pub directory: InstanceDirectory,
+    pub clock: Clock,
+    pub counter: AtomicU64,
+    pub pending: Mutex<Pending>,
+    pub log: Mutex<SentLog>,
+    pub local: Mutex<LocalShares>,
+    pub peers: Mutex<AHashMap<u64, PeerState>>,
+    pub members: RwLock<Vec<MemberView>>,
+    pub agg: RwLock<Aggregate>,
+    pub stats: Stats,
+    pub membership_tx: mpsc::Sender<MembershipInput>,
+    pub snapshot_slots: Arc<Semaphore>,
+}
+
+impl Inner {
+    pub fn now(&self) -> Millis {
+        (self.clock)()
+    }
+
+    pub fn count_reject(&self, reason: &'static str) {
+        m::rejected(reason);
+        *self.stats.rejected.lock().entry(reason).or_insert(0) += 1;
+    }
+
+    pub fn reject(&self, r: Reject) {
+        self.count_reject(r.label());
+    }
+
+    /// Seals `payload` once and sends it to every destination `(node, addr)`.
+    pub async fn send_sealed(&self, kind: Kind, payload: &[u8], dests: &[(u64, SocketAddr)]) {
+        if dests.is_empty() {
+            return;
+        }
+        let h = Header {
+            kind,
+            sender: self.node_id,
+            counter: self.counter.fetch_add(1, Ordering::Relaxed),
+            wall_ms: wall_ms(),
+        };
+        let mut buf = Vec::new();
+        self.keys.seal(&h, payload, &mut buf);
+        for &(node, addr) in dests {
+            match self.transport.send_to(&buf, addr).await {
+                Ok(()) => {
+                    m::datagram(kind.label(), "out", buf.len());
+                    self.stats
+                        .bytes_out
+                        .fetch_add(buf.len() as u64, Ordering::Relaxed);
+                    self.stats.messages_out.fetch_add(1, Ordering::Relaxed);
+                    if let Some(p) = self.peers.lock().get_mut(&node) {
+                        p.bytes_out += buf.len() as u64;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, %addr, "gossip: send failed");
+                    self.count_reject("send_error");
+                }
+            }
+        }
+    }
+
+    /// Live (alive or suspect) members other than us, as send destinations.
+    pub fn live_dests(&self) -> Vec<(u64, SocketAddr)> {
+        self.members
+            .read()
+            .iter()
+            .filter(|v| v.state != foca::State::Down && v.id.node != self.node_id)
+            .map(|v| (v.id.node, v.id.addr))
+            .collect()
+    }
+
+    pub fn set_members(&self, v: Vec<MemberView>) {
+        let live = v.iter().filter(|m| m.state != foca::State::Down).count();
+        metrics::gauge!(m::PEERS).set(live as f64);
+        *self.members.write() = v;
+    }
+
+    /// Records that an authenticated datagram arrived from `node`.
+    pub fn heard(&self, node: u64, src: SocketAddr, bytes: usize) {
+        let now = self.now();
+        let mut peers = self.peers.lock();
+        if !peers.contains_key(&node) && peers.len() >= MAX_PEERS {
+            // Evict the longest-silent peer that is not a live member.
+            if let Some(k) = peers
+                .iter()
+                .filter(|(_, p)| !p.up)
+                .min_by_key(|(_, p)| p.last_heard)
+                .map(|(k, _)| *k)
+            {
+                peers.remove(&k);
+            } else {
+                return;
+            }
+        }
+        let p = peers.entry(node).or_default();
+        p.addr = Some(src);
+        p.last_heard = Some(now);
+        p.bytes_in += bytes as u64;
+    }
+
+    /// Applies predictions received from `from` (None = no lag sample, e.g. snapshots).
+    pub fn apply_entries(&self, from: u64, entries: &[Entry]) {
+        let now = self.now();
+        let wall = wall_ms();
+        let mut lag: Option<u64> = None;
+        for e in entries {
+            let Some(id) = self.directory.id_of_key(e.instance_key) else {
+                self.count_reject("unknown_instance");
+                continue;
+            };
+            let ttl = e.ttl_ms.min(self.cfg.prediction_ttl_ms);
+            if ttl == 0 || e.hashes.is_empty() {
+                continue;
+            }
+            self.store.predict_peer(id, &e.hashes, ttl, now);
+            if e.decided_wall_ms != 0 {
+                let l = wall.saturating_sub(e.decided_wall_ms);
+                metrics::histogram!(m::CONVERGENCE_LAG_SECONDS).record(l as f64 / 1000.0);
+                lag = Some(lag.map_or(l, |x| x.max(l)));
+            }
+        }
+        if let Some(l) = lag {
+            if let Some(p) = self.peers.lock().get_mut(&from) {
+                p.lag_ms = Some(l);
+                p.lag_ewma_ms = Some(match p.lag_ewma_ms {
+                    None => l as f64,
+                    Some(x) => 0.9 * x + 0.1 * l as f64,
+                });
+            }
+        }
+    }
+
+    /// Stores `from`'s latest load shares and refreshes the aggregate.
+    pub fn set_shares(&self, from: u64, shares: Vec<LoadShare>) {
+        let now = self.now();
+        if let Some(p) = self.peers.lock().get_mut(&from) {
+            for s in shares {
+                if let Some(id) = self.directory.id_of_key(s.instance_key) {
+                    p.shares.insert(id, (s, now));
+                }
+            }
+        }
+        self.recompute_aggregate();
+    }
+
+    /// Rebuilds the live-peer sums.
+    pub fn recompute_aggregate(&self) {
+        let now = self.now();
+        let ttl = self.cfg.peer_ttl_ms;
+        let mut a = Aggregate::default();
+        {
+            let peers = self.peers.lock();
+            for p in peers.values() {
+                if !p.up {
+                    continue;
+                }
+                for (id, (s, at)) in &p.shares {
+                    if now.saturating_sub(*at) > ttl {
+                        continue;
+                    }
+                    let i = id.index();
+                    if a.load.len() <= i {
+                        a.load.resize(i + 1, RouterLoad::default());
+                        a.health.resize(i + 1, None);
+                    }
+                    let l = &mut a.load[i];
+                    l.in_flight = l.in_flight.saturating_add(s.in_flight);
+                    l.pending_prefill_tokens = l
+                        .pending_prefill_tokens
+                        .saturating_add(s.pending_prefill_tokens);
+                    l.decoding = l.decoding.saturating_add(s.decoding);
+                    a.health[i] = match (a.health[i], s.healthy) {
+                        (Some(false), _) | (_, Some(false)) => Some(false),
+                        (Some(true), _) | (_, Some(true)) => Some(true),
+                        (None, None) => None,
+                    };
+                }
+            }
+        }
+        *self.agg.write() = a;
+    }
+
+    /// Asks `node` at `addr` for a snapshot of its own predictions.
+    pub async fn request_snapshot(&self, node: u64, addr: SocketAddr) {
+        let id: u64 = rand::random();
+        let now = self.now();
+        {
+            let mut peers = self.peers.lock();
+            let p = peers.entry(node).or_default();
+            let attempts = match p.snapshot {
+                Some((_, _, a)) => a + 1,
+                None => 1,
+            };
+            p.snapshot = Some((id, now, attempts));
+        }
+        let mut buf = Vec::new();
+        payload::encode_snapshot_request(id, &mut buf);
+        self.send_sealed(Kind::SnapshotRequest, &buf, &[(node, addr)])
+            .await;
+    }
+
+    pub async fn on_member_up(&self, id: &NodeIdentity) {
+        let was_up = {
+            let mut peers = self.peers.lock();
+            let p = peers.entry(id.node).or_default();
+            let was = p.up;
+            p.up = true;
+            p.addr = Some(id.addr);
+            if !was {
+                // Whatever came before is covered by the snapshot asked for below.
+                p.next_seq = None;
+                p.snapshot = None;
+            }
+            was
+        };
+        if was_up {
+            return;
+        }
+        tracing::info!(addr = %id.addr, node = format_args!("{:016x}", id.node), "gossip: member up");
+        self.local.lock().dirty = true;
+        self.recompute_aggregate();
+        self.request_snapshot(id.node, id.addr).await;
+    }
+
+    pub async fn on_member_down(&self, id: &NodeIdentity) {
+        let was_up = self.peers.lock().remove(&id.node).is_some_and(|p| p.up);
+        if !was_up {
+            return;
+        }
+        tracing::info!(addr = %id.addr, node = format_args!("{:016x}", id.node), "gossip: member down");
+        self.recompute_aggregate();
+        if self.cfg.forget_dead_peer_placements {
+            // The index does not attribute peer entries to a peer: drop them all and re-fetch the
+            // live peers' own predictions.
+            for inst in self.directory.ids() {
+                self.store.clear_peer(inst);
+            }
+            for (node, addr) in self.live_dests() {
+                if node != id.node {
+                    self.request_snapshot(node, addr).await;
+                }
+            }
+        }
+    }
+
+    pub async fn on_rename(&self, old: &NodeIdentity, new: &NodeIdentity) {
+        if old.node != new.node {
+            // A restart at the same address: the predecessor is gone.
+            self.on_member_down(old).await;
+            if self
+                .members
+                .read()
+                .iter()
+                .any(|v| v.id == *new && v.state != foca::State::Down)
+            {
+                self.on_member_up(new).await;
+            }
+        }
+    }
+
+    /// Periodic: expire silent peers' shares, retry stalled snapshots.
+    pub async fn housekeeping(&self) {
+        self.recompute_aggregate();
+        let now = self.now();
+        let retry: Vec<(u64, SocketAddr)> = {
+            let mut peers = self.peers.lock();
+            let mut v = Vec::new();
+            for (node, p) in peers.iter_mut() {
+                if let (true, Some(addr), Some((_, progress, attempts))) =
+                    (p.up, p.addr, p.snapshot)
+                {
+                    if now.saturating_sub(progress) >= SNAPSHOT_RETRY_MS {
+                        if attempts >= SNAPSHOT_ATTEMPTS {
+                            p.snapshot = None;
+                        } else {
+                            v.push((*node, addr));
+                        }
+                    }
+                }
+            }
+            v
+        };
+        for (node, addr) in retry {
+            self.request_snapshot(node, addr).await;
+        }
+    }
+
+    /// Sequence bookkeeping of a delta batch from `from`; returns a range to ask again, if any.
+    pub fn track_seq(&self, from: u64, seq: u64) -> Option<(u64, u64)> {
+        let now = self.now();
+        let mut peers = self.peers.lock();
+        let p = peers.get_mut(&from)?;
+        let ask = match p.next_seq {
+            Some(exp) if seq > exp && now.saturating_sub(p.last_resend_ask) >= RESEND_EVERY_MS => {
+                p.last_resend_ask = now;
+                p.repairs += 1;
+                Some((exp, seq - 1))
+            }
+            _ => None,
+        };
+        p.next_seq = Some(p.next_seq.map_or(seq + 1, |n| n.max(seq + 1)));
+        ask
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sent_log_is_bounded_and_serves_ranges() {
+        let mut l = SentLog::default();
+        for seq in 0..10u64 {
+            l.next_seq = seq + 1;
+            l.push(seq, Arc::from(vec![seq as u8; 100]), 550);
+        }
+        assert!(l.bytes <= 550);
+        assert_eq!(l.batches.len(), 5);
+        assert!(l.range(2, 6).is_none(), "2 was evicted");
+        let r = l.range(6, 9).unwrap();
+        assert_eq!(r.len(), 4);
+        assert_eq!(r[0][0], 6);
+        assert!(l.range(9, 10).is_none(), "10 not produced yet");
+    }
+}

@@ -1,0 +1,402 @@
+//! Payload encodings.
+//!
+//! ```text
+//! delta          = seq:varint entries
+//! snapshot_chunk = request_id:u64 chunk:varint last:u8 entries
+//! entries        = base_wall_ms:varint (0 = unknown) n:varint entry*n
+//! entry          = instance_key:u64 age_ms:varint ttl_ms:varint count:varint hash:u64*count
+//! load           = n:varint (instance_key:u64 in_flight:varint pending_prefill:varint
+//!                            decoding:varint health:u8)*n
+//! snapshot_req   = request_id:u64
+//! resend_req     = from:varint to:varint
+//! ```
+//! Block hashes are XXH3 outputs, uniformly random, so they are sent as raw 8 bytes: no encoding
+//! shrinks them. Everything else is a varint.
+//!
+//! Invariants: decoders check every count against the bytes left before allocating, so a lying
+//! count cannot make a receiver allocate more than the datagram's size.
+
+use super::{put_varint, varint_len, Malformed, Reader};
+use kvgate_core::BlockHash;
+
+/// One decision (or a slice of one): `instance_key` will hold `hashes`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// Wire key of the instance ([`crate::instance_key`]).
+    pub instance_key: u64,
+    /// Origin wall clock (ms since epoch) when the decision was made; 0 = unknown (snapshots).
+    pub decided_wall_ms: u64,
+    /// Remaining time-to-live at encoding.
+    pub ttl_ms: u64,
+    /// Block hashes.
+    pub hashes: Vec<BlockHash>,
+}
+
+/// Bytes an entry header takes at most (key + three 10-byte varints).
+pub const ENTRY_HEADER_MAX: usize = 8 + 3 * 10;
+/// Bytes an `entries` header takes at most.
+pub const ENTRIES_HEADER_MAX: usize = 2 * 10;
+
+/// Incrementally builds an `entries` section within a byte budget, splitting entries that do not
+/// fit (predictions are per block, so a split entry means the same as the whole).
+pub struct EntriesBuilder {
+    base_wall_ms: u64,
+    budget: usize,
+    body: Vec<u8>,
+    count: u64,
+}
+
+impl EntriesBuilder {
+    /// A builder whose output (header included) stays within `budget` bytes.
+    pub fn new(base_wall_ms: u64, budget: usize) -> Self {
+        Self {
+            base_wall_ms,
+            budget,
+            body: Vec::new(),
+            count: 0,
+        }
+    }
+
+    /// True when nothing was added.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    fn used(&self) -> usize {
+        ENTRIES_HEADER_MAX + self.body.len()
+    }
+
+    /// Adds as many of `hashes` as fit; returns how many were taken (0 = full, start another).
+    pub fn push(&mut self, key: u64, decided_wall_ms: u64, ttl_ms: u64, hashes: &[u64]) -> usize {
+        let age = if decided_wall_ms == 0 {
+            0
+        } else {
+            self.base_wall_ms.saturating_sub(decided_wall_ms)
+        };
+        let left = self.budget.saturating_sub(self.used());
+        if left < ENTRY_HEADER_MAX + 8 || hashes.is_empty() {
+            return 0;
+        }
+        let n = hashes.len().min((left - ENTRY_HEADER_MAX) / 8);
+        self.body.extend_from_slice(&key.to_le_bytes());
+        put_varint(&mut self.body, age);
+        put_varint(&mut self.body, ttl_ms);
+        put_varint(&mut self.body, n as u64);
+        self.body.reserve(n * 8);
+        for h in &hashes[..n] {
+            self.body.extend_from_slice(&h.to_le_bytes());
+        }
+        self.count += 1;
+        n
+    }
+
+    /// Appends the finished section to `out`.
+    pub fn finish_into(self, out: &mut Vec<u8>) {
+        put_varint(out, self.base_wall_ms);
+        put_varint(out, self.count);
+        out.extend_from_slice(&self.body);
+    }
+}
+
+/// Decodes an `entries` section, consuming the rest of `r`.
+pub fn decode_entries(r: &mut Reader<'_>) -> Result<Vec<Entry>, Malformed> {
+    let base = r.varint()?;
+    let n = r.varint()?;
+    // Smallest entry: 8-byte key + three 1-byte varints.
+    if n > (r.remaining() / 11) as u64 {
+        return Err(Malformed);
+    }
+    let mut out = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let instance_key = r.u64()?;
+        let age = r.varint()?;
+        let ttl_ms = r.varint()?;
+        let count = r.varint()?;
+        if count > (r.remaining() / 8) as u64 {
+            return Err(Malformed);
+        }
+        let mut hashes = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            hashes.push(r.u64()?);
+        }
+        let decided_wall_ms = if base == 0 {
+            0
+        } else {
+            base.saturating_sub(age)
+        };
+        out.push(Entry {
+            instance_key,
+            decided_wall_ms,
+            ttl_ms,
+            hashes,
+        });
+    }
+    Ok(out)
+}
+
+/// Encodes a delta batch.
+pub fn encode_delta(seq: u64, entries: EntriesBuilder, out: &mut Vec<u8>) {
+    out.clear();
+    put_varint(out, seq);
+    entries.finish_into(out);
+}
+
+/// Decodes a delta batch.
+pub fn decode_delta(p: &[u8]) -> Result<(u64, Vec<Entry>), Malformed> {
+    let mut r = Reader::new(p);
+    let seq = r.varint()?;
+    let e = decode_entries(&mut r)?;
+    r.finish()?;
+    Ok((seq, e))
+}
+
+/// Header of a snapshot chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkHeader {
+    /// Echo of the request's id.
+    pub request_id: u64,
+    /// Chunk number from 0.
+    pub chunk: u64,
+    /// True on the final chunk.
+    pub last: bool,
+}
+
+/// Bytes a chunk header takes at most.
+pub const CHUNK_HEADER_MAX: usize = 8 + 10 + 1;
+
+/// Encodes a snapshot chunk.
+pub fn encode_chunk(h: ChunkHeader, entries: EntriesBuilder, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&h.request_id.to_le_bytes());
+    put_varint(out, h.chunk);
+    out.push(u8::from(h.last));
+    entries.finish_into(out);
+}
+
+/// Decodes a snapshot chunk.
+pub fn decode_chunk(p: &[u8]) -> Result<(ChunkHeader, Vec<Entry>), Malformed> {
+    let mut r = Reader::new(p);
+    let request_id = r.u64()?;
+    let chunk = r.varint()?;
+    let last = match r.u8()? {
+        0 => false,
+        1 => true,
+        _ => return Err(Malformed),
+    };
+    let e = decode_entries(&mut r)?;
+    r.finish()?;
+    Ok((
+        ChunkHeader {
+            request_id,
+            chunk,
+            last,
+        },
+        e,
+    ))
+}
+
+/// One instance's load and health as seen by the sender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct LoadShare {
+    /// Wire key of the instance.
+    pub instance_key: u64,
+    /// Requests the sender has in flight there.
+    pub in_flight: u32,
+    /// Uncached prefill tokens the sender dispatched there that have not produced a first token.
+    pub pending_prefill_tokens: u64,
+    /// The sender's requests there that are decoding.
+    pub decoding: u32,
+    /// The sender's health observation: None = no opinion.
+    pub healthy: Option<bool>,
+}
+
+/// Encodes a load message.
+pub fn encode_load(shares: &[LoadShare], out: &mut Vec<u8>) {
+    out.clear();
+    put_varint(out, shares.len() as u64);
+    for s in shares {
+        out.extend_from_slice(&s.instance_key.to_le_bytes());
+        put_varint(out, u64::from(s.in_flight));
+        put_varint(out, s.pending_prefill_tokens);
+        put_varint(out, u64::from(s.decoding));
+        out.push(match s.healthy {
+            None => 0,
+            Some(true) => 1,
+            Some(false) => 2,
+        });
+    }
+}
+
+/// Decodes a load message.
+pub fn decode_load(p: &[u8]) -> Result<Vec<LoadShare>, Malformed> {
+    let mut r = Reader::new(p);
+    let n = r.varint()?;
+    if n > (r.remaining() / 12) as u64 {
+        return Err(Malformed);
+    }
+    let mut out = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let instance_key = r.u64()?;
+        let in_flight = u32::try_from(r.varint()?).map_err(|_| Malformed)?;
+        let pending_prefill_tokens = r.varint()?;
+        let decoding = u32::try_from(r.varint()?).map_err(|_| Malformed)?;
+        let healthy = match r.u8()? {
+            0 => None,
+            1 => Some(true),
+            2 => Some(false),
+            _ => return Err(Malformed),
+        };
+        out.push(LoadShare {
+            instance_key,
+            in_flight,
+            pending_prefill_tokens,
+            decoding,
+            healthy,
+        });
+    }
+    r.finish()?;
+    Ok(out)
+}
+
+/// Encodes a snapshot request.
+pub fn encode_snapshot_request(request_id: u64, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&request_id.to_le_bytes());
+}
+
+/// Decodes a snapshot request.
+pub fn decode_snapshot_request(p: &[u8]) -> Result<u64, Malformed> {
+    let mut r = Reader::new(p);
+    let id = r.u64()?;
+    r.finish()?;
+    Ok(id)
+}
+
+/// Encodes a resend request for delta batches `from..=to`.
+pub fn encode_resend(from: u64, to: u64, out: &mut Vec<u8>) {
+    out.clear();
+    put_varint(out, from);
+    put_varint(out, to);
+}
+
+/// Decodes a resend request; `from <= to` is enforced.
+pub fn decode_resend(p: &[u8]) -> Result<(u64, u64), Malformed> {
+    let mut r = Reader::new(p);
+    let from = r.varint()?;
+    let to = r.varint()?;
+    r.finish()?;
+    if from > to {
+        return Err(Malformed);
+    }
+    Ok((from, to))
+}
+
+/// Bytes one decision of `n` new blocks costs on the wire inside a batch (no envelope).
+pub fn entry_wire_bytes(age_ms: u64, ttl_ms: u64, n: usize) -> usize {
+    8 + varint_len(age_ms) + varint_len(ttl_ms) + varint_len(n as u64) + 8 * n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delta_round_trip_and_split() {
+        let hashes: Vec<u64> = (0..1000u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        let mut b = EntriesBuilder::new(10_000, 4096);
+        let taken = b.push(42, 9_990, 5_000, &hashes);
+        assert!(taken > 0 && taken < 1000, "split at the budget: {taken}");
+        assert_eq!(b.push(43, 9_990, 5_000, &hashes[taken..]), 0, "full");
+        let mut out = Vec::new();
+        encode_delta(9, b, &mut out);
+        assert!(out.len() <= 4096 + 10);
+        let (seq, e) = decode_delta(&out).unwrap();
+        assert_eq!(seq, 9);
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].instance_key, 42);
+        assert_eq!(e[0].decided_wall_ms, 9_990);
+        assert_eq!(e[0].ttl_ms, 5_000);
+        assert_eq!(e[0].hashes, hashes[..taken]);
+    }
+
+    #[test]
+    fn entry_cost_matches_formula() {
+        let hashes = [1u64; 64];
+        let mut b = EntriesBuilder::new(1_000_000, 60_000);
+        b.push(1, 999_990, 120_000, &hashes);
+        let mut out = Vec::new();
+        b.finish_into(&mut out);
+        let header = varint_len(1_000_000) + varint_len(1);
+        assert_eq!(out.len(), header + entry_wire_bytes(10, 120_000, 64));
+    }
+
+    #[test]
+    fn load_and_requests_round_trip() {
+        let shares = vec![
+            LoadShare {
+                instance_key: 1,
+                in_flight: 3,
+                pending_prefill_tokens: 9000,
+                decoding: 2,
+                healthy: Some(true),
+            },
+            LoadShare {
+                instance_key: 2,
+                healthy: Some(false),
+                ..Default::default()
+            },
+        ];
+        let mut out = Vec::new();
+        encode_load(&shares, &mut out);
+        assert_eq!(decode_load(&out), Ok(shares));
+        encode_snapshot_request(77, &mut out);
+        assert_eq!(decode_snapshot_request(&out), Ok(77));
+        encode_resend(3, 9, &mut out);
+        assert_eq!(decode_resend(&out), Ok((3, 9)));
+        encode_resend(9, 3, &mut out);
+        assert_eq!(decode_resend(&out), Err(Malformed));
+        let mut b = EntriesBuilder::new(0, 1000);
+        b.push(5, 0, 10, &[1, 2, 3]);
+        encode_chunk(
+            ChunkHeader {
+                request_id: 1,
+                chunk: 2,
+                last: true,
+            },
+            b,
+            &mut out,
+        );
+        let (h, e) = decode_chunk(&out).unwrap();
+        assert!(h.last && h.chunk == 2 && h.request_id == 1);
+        assert_eq!(e[0].decided_wall_ms, 0);
+        assert_eq!(e[0].hashes, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn lying_counts_and_garbage_rejected() {
+        // Claims 2^40 entries in 3 bytes.
+        let mut p = Vec::new();
+        put_varint(&mut p, 1);
+        put_varint(&mut p, 5);
+        put_varint(&mut p, 1 << 40);
+        assert_eq!(decode_delta(&p), Err(Malformed));
+        // Deterministic pseudo-random garbage never panics.
+        let mut x: u64 = 0x1234_5678;
+        for len in 0..300 {
+            let g: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let _ = decode_delta(&g);
+            let _ = decode_chunk(&g);
+            let _ = decode_load(&g);
+            let _ = decode_resend(&g);
+        }
+    }
+}
