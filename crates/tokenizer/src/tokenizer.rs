@@ -1,0 +1,225 @@
+//! [`Tokenizer`]: one interface over the built-in `cl100k_base` BPE and Hugging Face
+//! `tokenizer.json` files.
+//!
+//! Invariants: a `Tokenizer` is immutable after construction and shared through an `Arc`, so clones
+//! are cheap and it can be used from any thread. `count(text)` equals
+//! `encode(text, false).len()` whenever encoding succeeds.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::TokenizerError;
+
+/// A text ↔ token-id codec.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    backend: Backend,
+    /// Shown in logs and `/admin` pages.
+    name: String,
+    /// The id a completion prompt starts with when special tokens are added.
+    bos: Option<u32>,
+}
+
+enum Backend {
+    Tiktoken(tiktoken_rs::CoreBPE),
+    Hf(Box<tokenizers::Tokenizer>),
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("name", &self.inner.name)
+            .field("bos", &self.inner.bos)
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// The built-in tokenizer: OpenAI's `cl100k_base` BPE, compiled into the binary. It has no
+    /// BOS token, so encoding with or without special tokens gives the same ids.
+    pub fn builtin() -> Result<Self, TokenizerError> {
+        let bpe = tiktoken_rs::cl100k_base().map_err(|e| TokenizerError::Load(e.to_string()))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                backend: Backend::Tiktoken(bpe),
+                name: "cl100k_base".to_owned(),
+                bos: None,
+            }),
+        })
+    }
+
+    /// Loads a Hugging Face `tokenizer.json`. The BOS id is taken from the post-processor's
+    /// template (the special token it prepends to a single sequence), if there is one.
+    pub fn from_tokenizer_json(bytes: &[u8]) -> Result<Self, TokenizerError> {
+        Self::from_tokenizer_json_named(bytes, "tokenizer.json")
+    }
+
+    /// Loads a Hugging Face `tokenizer.json` file.
+    pub fn from_file(path: &Path) -> Result<Self, TokenizerError> {
+        let bytes = std::fs::read(path).map_err(|source| TokenizerError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_tokenizer_json_named(&bytes, &path.display().to_string())
+    }
+
+    fn from_tokenizer_json_named(bytes: &[u8], name: &str) -> Result<Self, TokenizerError> {
+        let tokenizer = tokenizers::Tokenizer::from_bytes(bytes)
+            .map_err(|e| TokenizerError::Load(e.to_string()))?;
+        let json: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| TokenizerError::Load(e.to_string()))?;
+        let bos = post_processor_bos(&json);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                backend: Backend::Hf(Box::new(tokenizer)),
+                name: name.to_owned(),
+                bos,
+            }),
+        })
+    }
+
+    /// Encodes `text`. With `add_special_tokens`, the tokenizer's post-processor runs (for most
+    /// models: a BOS id first). Special-token strings inside `text` are encoded as their ids.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        match &self.inner.backend {
+            // cl100k_base has no post-processor: special tokens are never added.
+            Backend::Tiktoken(bpe) => Ok(bpe.encode_with_special_tokens(text)),
+            Backend::Hf(tok) => tok
+                .encode_fast(text, add_special_tokens)
+                .map(|enc| enc.get_ids().to_vec())
+                .map_err(|e| TokenizerError::Encode(e.to_string())),
+        }
+    }
+
+    /// Decodes ids back to text, special tokens included.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        match &self.inner.backend {
+            Backend::Tiktoken(bpe) => {
+                let bytes = bpe
+                    .decode_bytes(ids)
+                    .map_err(|e| TokenizerError::Decode(format!("unknown token id {}", e.token)))?;
+                String::from_utf8(bytes).map_err(|e| TokenizerError::Decode(e.to_string()))
+            }
+            Backend::Hf(tok) => tok
+                .decode(ids, false)
+                .map_err(|e| TokenizerError::Decode(e.to_string())),
+        }
+    }
+
+    /// Number of tokens in `text` without special tokens. If the tokenizer fails on the text
+    /// (possible only for Hugging Face tokenizers with unusual configurations), an estimate of one
+    /// token per four bytes is returned instead, since a count is only used for sizing.
+    pub fn count(&self, text: &str) -> usize {
+        match &self.inner.backend {
+            // encode_ordinary skips the special-token scan when there is nothing to find.
+            Backend::Tiktoken(bpe) if !text.contains("<|") => bpe.encode_ordinary(text).len(),
+            _ => self
+                .encode(text, false)
+                .map(|ids| ids.len())
+                .unwrap_or_else(|_| text.len().div_ceil(4)),
+        }
+    }
+
+    /// The BOS id added in front of a sequence with special tokens, if any.
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.inner.bos
+    }
+
+    /// The id of a token string (vocabulary or special token), if it exists.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        match &self.inner.backend {
+            Backend::Tiktoken(bpe) => {
+                let ids = bpe.encode_with_special_tokens(token);
+                match ids.as_slice() {
+                    [id] => Some(*id),
+                    _ => None,
+                }
+            }
+            Backend::Hf(tok) => tok.token_to_id(token),
+        }
+    }
+
+    /// A short name: `cl100k_base`, or where the `tokenizer.json` came from.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+}
+
+/// The id of the special token a `TemplateProcessing` post-processor puts before a single
+/// sequence (also inside a `Sequence` of processors).
+fn post_processor_bos(json: &serde_json::Value) -> Option<u32> {
+    fn from_processor(pp: &serde_json::Value) -> Option<u32> {
+        match pp.get("type")?.as_str()? {
+            "TemplateProcessing" => {
+                let first = pp.get("single")?.as_array()?.first()?;
+                let name = first.get("SpecialToken")?.get("id")?.as_str()?;
+                let ids = pp
+                    .get("special_tokens")?
+                    .get(name)?
+                    .get("ids")?
+                    .as_array()?;
+                let id = ids.first()?.as_u64()?;
+                u32::try_from(id).ok()
+            }
+            "Sequence" => pp
+                .get("processors")?
+                .as_array()?
+                .iter()
+                .find_map(from_processor),
+            _ => None,
+        }
+    }
+    from_processor(json.get("post_processor")?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_round_trip() {
+        let tok = Tokenizer::builtin().unwrap();
+        let text = "Hello, world! Ünïcödé and emoji 🚀, code: fn main() { println!(\"x\"); }";
+        let ids = tok.encode(text, true).unwrap();
+        assert!(!ids.is_empty());
+        assert_eq!(tok.decode(&ids).unwrap(), text);
+        assert_eq!(tok.count(text), ids.len());
+        assert_eq!(tok.encode(text, false).unwrap(), ids);
+        assert_eq!(tok.bos_token_id(), None);
+        assert_eq!(tok.name(), "cl100k_base");
+        // A known cl100k_base encoding.
+        assert_eq!(tok.encode("hello world", false).unwrap(), vec![15339, 1917]);
+        assert_eq!(tok.token_to_id("<|endoftext|>"), Some(100257));
+    }
+
+    #[test]
+    fn builtin_unknown_id_is_an_error() {
+        let tok = Tokenizer::builtin().unwrap();
+        assert!(matches!(
+            tok.decode(&[u32::MAX]),
+            Err(TokenizerError::Decode(_))
+        ));
+    }
+
+    #[test]
+    fn bad_tokenizer_json_is_an_error() {
+        assert!(matches!(
+            Tokenizer::from_tokenizer_json(b"{not json"),
+            Err(TokenizerError::Load(_))
+        ));
+        assert!(matches!(
+            Tokenizer::from_file(Path::new("/nonexistent/tokenizer.json")),
+            Err(TokenizerError::Io { .. })
+        ));
+    }
+
+    #[test]
+    fn tokenizer_is_send_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Tokenizer>();
+    }
+}
