@@ -1,0 +1,7 @@
+//! kvgate-loadtest: replays request traces against OpenAI-compatible endpoints and compares routers.
+//!
+//! # Layout
+//! - [`trace`]: the Mooncake JSONL trace format (parse, write, slice, speed up, stats).
+//! - [`offline`]: the offline simulator (routing core + engine model in virtual time).
+pub mod offline;
+pub mod trace;
