@@ -9,6 +9,7 @@
 //! - Rate estimates start at configured values and move by bounded EWMA steps from observations.
 
 use crate::{InstanceId, Millis};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Router-tracked load of one instance at a point in time.
@@ -38,19 +39,31 @@ pub struct EngineLoad {
 }
 
 /// Router-tracked load counters for a fixed-size fleet. Lock-free.
+///
+/// Ids outside `0..len()` are tolerated: [`LoadTracker::snapshot`] reports zero for them and
+/// [`LoadTracker::dispatch`] returns a guard that accounts nothing, so a stale id can never panic
+/// the request path.
 pub struct LoadTracker {
-    _private: (),
+    slots: Box<[Slot]>,
+}
+
+#[derive(Default)]
+struct Slot {
+    in_flight: AtomicU32,
+    pending_prefill_tokens: AtomicU64,
+    decoding: AtomicU32,
 }
 
 impl LoadTracker {
     /// Counters for `instances` instances, all zero.
     pub fn new(instances: usize) -> Self {
-        let _ = instances;
-        todo!()
+        Self {
+            slots: (0..instances).map(|_| Slot::default()).collect(),
+        }
     }
     /// Number of instances tracked.
     pub fn len(&self) -> usize {
-        todo!()
+        self.slots.len()
     }
     /// True when tracking no instance.
     pub fn is_empty(&self) -> bool {
@@ -58,31 +71,117 @@ impl LoadTracker {
     }
     /// Current counters of `instance`.
     pub fn snapshot(&self, instance: InstanceId) -> RouterLoad {
-        let _ = instance;
-        todo!()
+        match self.slots.get(instance.index()) {
+            Some(s) => RouterLoad {
+                in_flight: s.in_flight.load(Ordering::Relaxed),
+                pending_prefill_tokens: s.pending_prefill_tokens.load(Ordering::Relaxed),
+                decoding: s.decoding.load(Ordering::Relaxed),
+            },
+            None => RouterLoad::default(),
+        }
     }
     /// Records a dispatch of a request with `uncached_prefill_tokens` to compute; the returned
     /// guard undoes it when dropped.
-    pub fn dispatch(self: &Arc<Self>, instance: InstanceId, uncached_prefill_tokens: u64) -> LoadGuard {
-        let _ = (instance, uncached_prefill_tokens);
-        todo!()
+    pub fn dispatch(
+        self: &Arc<Self>,
+        instance: InstanceId,
+        uncached_prefill_tokens: u64,
+    ) -> LoadGuard {
+        let tracked = match self.slots.get(instance.index()) {
+            Some(s) => {
+                s.in_flight.fetch_add(1, Ordering::Relaxed);
+                s.pending_prefill_tokens
+                    .fetch_add(uncached_prefill_tokens, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        };
+        LoadGuard {
+            tracker: Arc::clone(self),
+            instance,
+            tracked,
+            pending: uncached_prefill_tokens,
+            prefilling: true,
+            decoding: false,
+        }
     }
 }
 
 /// RAII handle on one dispatched request's share of an instance's load.
+///
+/// Holds exactly what it added; dropping it subtracts exactly that, whatever state it reached.
 pub struct LoadGuard {
-    _private: (),
+    tracker: Arc<LoadTracker>,
+    instance: InstanceId,
+    /// False when the instance id was out of range at dispatch: nothing was added.
+    tracked: bool,
+    /// Prefill tokens this guard added to `pending_prefill_tokens`.
+    pending: u64,
+    /// Still counted in `pending_prefill_tokens`.
+    prefilling: bool,
+    /// Counted in `decoding`.
+    decoding: bool,
 }
 
 impl LoadGuard {
     /// The request produced its first token: its prefill is no longer pending; it now decodes.
     /// Idempotent.
     pub fn first_token(&mut self) {
-        todo!()
+        if !self.prefilling {
+            return;
+        }
+        self.prefilling = false;
+        self.decoding = true;
+        if let Some(s) = self.slot() {
+            s.pending_prefill_tokens
+                .fetch_sub(self.pending, Ordering::Relaxed);
+            s.decoding.fetch_add(1, Ordering::Relaxed);
+        }
     }
     /// The instance this guard accounts against.
     pub fn instance(&self) -> InstanceId {
-        todo!()
+        self.instance
+    }
+    /// True once [`LoadGuard::first_token`] was called.
+    pub fn is_decoding(&self) -> bool {
+        self.decoding
+    }
+    /// Uncached prefill tokens this request was dispatched with.
+    pub fn prefill_tokens(&self) -> u64 {
+        self.pending
+    }
+    fn slot(&self) -> Option<&Slot> {
+        if self.tracked {
+            self.tracker.slots.get(self.instance.index())
+        } else {
+            None
+        }
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        if let Some(s) = self.slot() {
+            s.in_flight.fetch_sub(1, Ordering::Relaxed);
+            if self.prefilling {
+                s.pending_prefill_tokens
+                    .fetch_sub(self.pending, Ordering::Relaxed);
+            }
+            if self.decoding {
+                s.decoding.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for LoadGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadGuard")
+            .field("instance", &self.instance)
+            .field("pending", &self.pending)
+            .field("prefilling", &self.prefilling)
+            .field("decoding", &self.decoding)
+            .finish()
     }
 }
 
@@ -93,4 +192,82 @@ pub struct InstanceRates {
     pub prefill_tokens_per_s: f64,
     /// Added time to first token per concurrently decoding sequence, in milliseconds.
     pub decode_interference_ms: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_lifecycle() {
+        let t = Arc::new(LoadTracker::new(2));
+        let i = InstanceId(1);
+        let mut g = t.dispatch(i, 100);
+        let g2 = t.dispatch(i, 50);
+        assert_eq!(
+            t.snapshot(i),
+            RouterLoad {
+                in_flight: 2,
+                pending_prefill_tokens: 150,
+                decoding: 0
+            }
+        );
+        g.first_token();
+        g.first_token();
+        assert_eq!(
+            t.snapshot(i),
+            RouterLoad {
+                in_flight: 2,
+                pending_prefill_tokens: 50,
+                decoding: 1
+            }
+        );
+        drop(g2);
+        assert_eq!(
+            t.snapshot(i),
+            RouterLoad {
+                in_flight: 1,
+                pending_prefill_tokens: 0,
+                decoding: 1
+            }
+        );
+        drop(g);
+        assert_eq!(t.snapshot(i), RouterLoad::default());
+        assert_eq!(t.snapshot(InstanceId(0)), RouterLoad::default());
+    }
+
+    #[test]
+    fn out_of_range_is_harmless() {
+        let t = Arc::new(LoadTracker::new(1));
+        let mut g = t.dispatch(InstanceId(7), 10);
+        g.first_token();
+        assert_eq!(g.instance(), InstanceId(7));
+        drop(g);
+        assert_eq!(t.snapshot(InstanceId(7)), RouterLoad::default());
+        assert_eq!(t.snapshot(InstanceId(0)), RouterLoad::default());
+    }
+
+    #[test]
+    fn concurrent_guards_balance() {
+        let t = Arc::new(LoadTracker::new(4));
+        let handles: Vec<_> = (0..4)
+            .map(|k| {
+                let t = Arc::clone(&t);
+                std::thread::spawn(move || {
+                    for n in 0..2000u64 {
+                        let mut g = t.dispatch(InstanceId((n % 4) as u32), n);
+                        if (n + k) % 3 == 0 {
+                            g.first_token();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            assert!(h.join().is_ok());
+        }
+        for i in 0..4 {
+            assert_eq!(t.snapshot(InstanceId(i)), RouterLoad::default());
+        }
+    }
 }

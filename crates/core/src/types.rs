@@ -12,7 +12,9 @@ pub type Millis = u64;
 ///
 /// Dense so per-instance state can live in vectors indexed by it; the mapping to URLs lives in the
 /// gateway. Ids are never reused for a different URL while the process lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 pub struct InstanceId(pub u32);
 
 impl InstanceId {

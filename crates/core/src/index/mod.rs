@@ -10,8 +10,39 @@
 //!   O(index size), and readers wait behind writers only for one shard's short critical section.
 //! - Bounded: per-instance capacity (LRU eviction of predicted entries first), TTL expiry of
 //!   predictions, and a global entry cap; memory per (block, instance) entry is measured and reported.
+//!
+//! # Layout
+//!
+//! `shards` × `RwLock<HashMap<BlockHash, Holders>>` (ahash). A [`holders::Holders`] is 16 bytes: one
+//! 16-byte entry inline (instance, expiry, per-tier copy counts, source, CLOCK bit) or a boxed
+//! sorted vector of entries. Each instance has a slot with its entry count, its capacity and a
+//! CLOCK ring of the hashes it gained (see [`evict`]).
+//!
+//! # Eviction (approximate LRU by CLOCK)
+//!
+//! When an instance exceeds its capacity, or the index its global cap, the instance's CLOCK hand
+//! walks its ring from the oldest hash: stale hashes are dropped; expired predictions are evicted;
+//! a referenced entry loses its bit and goes to the back (second chance); an unreferenced
+//! prediction is evicted. Event-sourced entries are skipped for two full laps (the engine reports
+//! its own evictions) and evicted only as a last resort, so the bound always holds. Re-predicting or
+//! re-storing a block sets its bit again, which approximates least-recently-used order.
+//!
+//! Lock order: an instance's ring mutex may be held while taking a shard lock, never the reverse.
+
+mod evict;
+mod holders;
+mod slots;
+#[cfg(test)]
+mod tests;
+
+pub use slots::MAX_INSTANCES;
 
 use crate::{BlockHash, InstanceId, Millis, Source, Tier};
+use holders::{Entry, Holders};
+use parking_lot::RwLock;
+use slots::Slots;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Bounds and tuning of the index. Defaults live in the gateway's config.
 #[derive(Clone, Debug)]
@@ -61,11 +92,18 @@ impl PrefixMatches {
             .iter()
             .copied()
             .find(|r| r.instance == instance)
-            .unwrap_or(InstanceMatch { instance, ..Default::default() })
+            .unwrap_or(InstanceMatch {
+                instance,
+                ..Default::default()
+            })
     }
     /// The longest leading run any instance holds.
     pub fn best(&self) -> u32 {
-        self.rows.iter().map(InstanceMatch::total).max().unwrap_or(0)
+        self.rows
+            .iter()
+            .map(InstanceMatch::total)
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -88,43 +126,196 @@ pub struct IndexStats {
 
 /// The placement index. `Send + Sync`; share it behind an `Arc`.
 pub struct PlacementIndex {
-    _private: (),
+    cfg: IndexConfig,
+    shards: Box<[RwLock<Shard>]>,
+    shard_mask: u64,
+    slots: Slots,
+    total: AtomicUsize,
+    by_source: [AtomicUsize; 3],
+    evicted: AtomicU64,
+    expired: AtomicU64,
+    /// Latest `now` seen by a write; lets eviction recognise expired predictions.
+    now_hint: AtomicU64,
 }
+
+/// One lock shard.
+#[derive(Default)]
+struct Shard {
+    map: HashMap<BlockHash, Holders, ahash::RandomState>,
+    /// Heap bytes of spilled holder vectors in this shard.
+    spill_bytes: usize,
+}
+
+/// Stale ring slots tolerated beyond twice the live count before compaction.
+const RING_SLACK: usize = 1024;
 
 impl PlacementIndex {
     /// An empty index.
     pub fn new(cfg: IndexConfig) -> Self {
-        let _ = cfg;
-        todo!("kvgate-core: PlacementIndex::new")
+        let n = cfg.shards.max(1).next_power_of_two();
+        Self {
+            shards: (0..n).map(|_| RwLock::new(Shard::default())).collect(),
+            shard_mask: (n - 1) as u64,
+            cfg,
+            slots: Slots::default(),
+            total: AtomicUsize::new(0),
+            by_source: Default::default(),
+            evicted: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+            now_hint: AtomicU64::new(0),
+        }
+    }
+
+    fn shard(&self, h: BlockHash) -> &RwLock<Shard> {
+        // Block hashes are uniformly distributed; the top bits pick the shard, independent of the
+        // map's own hashing.
+        &self.shards[((h >> 40) & self.shard_mask) as usize]
+    }
+
+    fn clock_hint(&self) -> Millis {
+        self.now_hint.load(Ordering::Relaxed)
+    }
+
+    /// The configuration the index was built with.
+    pub fn config(&self) -> &IndexConfig {
+        &self.cfg
+    }
+
+    /// Live (block, instance) entries, all instances and sources.
+    pub fn len(&self) -> usize {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    /// True when the index holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Entries currently attributed to `instance`.
+    pub fn instance_entries(&self, instance: InstanceId) -> usize {
+        self.slots
+            .get(instance.0)
+            .map_or(0, |s| s.count.load(Ordering::Relaxed))
     }
 
     /// Sets an instance's capacity in blocks (from config or the engine's reported cache size).
     pub fn set_instance_capacity(&self, instance: InstanceId, blocks: usize) {
-        let _ = (instance, blocks);
-        todo!()
+        if let Some(slot) = self.slots.get_or_create(instance.0) {
+            slot.capacity.store(blocks.max(1), Ordering::Relaxed);
+        }
+        self.evict_instance_over_capacity(instance.0);
     }
 
     /// Engine event: `instance` stored `hashes` (kvgate's own hashes) in `tier`.
     pub fn store(&self, instance: InstanceId, hashes: &[BlockHash], tier: Tier, now: Millis) {
-        let _ = (instance, hashes, tier, now);
-        todo!()
+        self.now_hint.fetch_max(now, Ordering::Relaxed);
+        self.upsert(
+            instance,
+            hashes,
+            |slot| match slot {
+                Some(e) if e.source == Source::Event => {
+                    e.add_copy(tier);
+                    e.referenced = true;
+                    None
+                }
+                Some(e) => {
+                    let old = e.source;
+                    *e = Entry::stored(e.instance, tier);
+                    Some(old)
+                }
+                None => None,
+            },
+            |i| Entry::stored(i, tier),
+        );
     }
 
     /// Engine event: `instance` removed one copy of each of `hashes` from `tier`.
     pub fn remove(&self, instance: InstanceId, hashes: &[BlockHash], tier: Tier) {
-        let _ = (instance, hashes, tier);
-        todo!()
+        let slot = self.slots.get(instance.0);
+        for &h in hashes {
+            let mut shard = self.shard(h).write();
+            let shard = &mut *shard;
+            let Some(holders) = shard.map.get_mut(&h) else {
+                continue;
+            };
+            let before = holders.heap_bytes();
+            let mut gone = None;
+            let keep = holders.retain(
+                |e| {
+                    e.instance == instance.0
+                        && (e.source != Source::Event || {
+                            let mut probe = *e;
+                            probe.remove_copy(tier)
+                        })
+                },
+                &mut |e| gone = Some(e.source),
+            );
+            if gone.is_none() {
+                if let Some(e) = holders.get_mut(instance.0) {
+                    e.remove_copy(tier);
+                }
+            }
+            let after = if keep { holders.heap_bytes() } else { 0 };
+            shard.spill_bytes = shard.spill_bytes + after - before;
+            if !keep {
+                shard.map.remove(&h);
+            }
+            if let Some(src) = gone {
+                self.on_removed(slot, src);
+            }
+        }
     }
 
     /// Drops every entry of `instance` that came from one of `sources`
     /// (engine cleared its cache, restarted, or an event stream broke).
     pub fn clear_instance(&self, instance: InstanceId, sources: &[Source]) {
-        let _ = (instance, sources);
-        todo!()
+        let slot = self.slots.get(instance.0);
+        if slot.is_none() {
+            return;
+        }
+        for shard in self.shards.iter() {
+            let mut removed = [0usize; 3];
+            {
+                let mut shard = shard.write();
+                let shard = &mut *shard;
+                let mut spill_delta: isize = 0;
+                shard.map.retain(|_, holders| {
+                    let before = holders.heap_bytes() as isize;
+                    let keep = holders.retain(
+                        |e| e.instance == instance.0 && sources.contains(&e.source),
+                        &mut |e| removed[e.source as usize] += 1,
+                    );
+                    let after = if keep {
+                        holders.heap_bytes() as isize
+                    } else {
+                        0
+                    };
+                    spill_delta += after - before;
+                    keep
+                });
+                shard.spill_bytes = (shard.spill_bytes as isize + spill_delta).max(0) as usize;
+            }
+            for (src, n) in removed.iter().enumerate() {
+                for _ in 0..*n {
+                    self.on_removed(slot, SOURCES[src]);
+                }
+            }
+        }
+        if let Some(slot) = slot {
+            if slot.count.load(Ordering::Relaxed) == 0 {
+                let mut ring = slot.ring.lock();
+                ring.clear();
+                ring.shrink_to_fit();
+            }
+        }
     }
 
     /// A routing decision (own or a peer's): `instance` will hold `hashes` soon.
     /// Expires at `now + ttl_ms` unless confirmed by an event or predicted again.
+    ///
+    /// `Source::Event` here is treated as [`PlacementIndex::store`] in GPU. A local prediction
+    /// takes over a peer's for the same (block, instance); an event-sourced entry is never
+    /// downgraded to a prediction.
     pub fn predict(
         &self,
         instance: InstanceId,
@@ -133,37 +324,264 @@ impl PlacementIndex {
         ttl_ms: u64,
         now: Millis,
     ) {
-        let _ = (instance, hashes, source, ttl_ms, now);
-        todo!()
+        if source == Source::Event {
+            self.store(instance, hashes, Tier::Gpu, now);
+            return;
+        }
+        self.now_hint.fetch_max(now, Ordering::Relaxed);
+        let expires = now.saturating_add(ttl_ms);
+        self.upsert(
+            instance,
+            hashes,
+            |slot| match slot {
+                Some(e) if e.source == Source::Event => {
+                    e.referenced = true;
+                    None
+                }
+                Some(e) => {
+                    e.expires = e.expires.max(expires);
+                    e.referenced = true;
+                    if source == Source::Local && e.source == Source::Peer {
+                        e.source = Source::Local;
+                        return Some(Source::Peer);
+                    }
+                    None
+                }
+                None => None,
+            },
+            |i| Entry::predicted(i, source, expires),
+        );
+    }
+
+    /// Shared insert path. `update` changes an existing entry and returns its previous source if
+    /// that changed; `fresh` makes a new entry.
+    fn upsert(
+        &self,
+        instance: InstanceId,
+        hashes: &[BlockHash],
+        mut update: impl FnMut(Option<&mut Entry>) -> Option<Source>,
+        fresh: impl Fn(u32) -> Entry,
+    ) {
+        let Some(slot) = self.slots.get_or_create(instance.0) else {
+            return;
+        };
+        let mut gained: Vec<BlockHash> = Vec::new();
+        for &h in hashes {
+            let mut shard = self.shard(h).write();
+            let shard = &mut *shard;
+            match shard.map.get_mut(&h) {
+                Some(holders) => {
+                    let before = holders.heap_bytes();
+                    match holders.get_mut(instance.0) {
+                        Some(e) => {
+                            let new_src = {
+                                let changed = update(Some(&mut *e));
+                                changed.map(|old| (old, e.source))
+                            };
+                            if let Some((old, new)) = new_src {
+                                self.by_source[old as usize].fetch_sub(1, Ordering::Relaxed);
+                                self.by_source[new as usize].fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        None => {
+                            let e = fresh(instance.0);
+                            self.by_source[e.source as usize].fetch_add(1, Ordering::Relaxed);
+                            holders.insert(e);
+                            gained.push(h);
+                        }
+                    }
+                    shard.spill_bytes = shard.spill_bytes + holders.heap_bytes() - before;
+                }
+                None => {
+                    let e = fresh(instance.0);
+                    self.by_source[e.source as usize].fetch_add(1, Ordering::Relaxed);
+                    shard.map.insert(h, Holders::One(e));
+                    gained.push(h);
+                }
+            }
+        }
+        if gained.is_empty() {
+            return;
+        }
+        slot.count.fetch_add(gained.len(), Ordering::Relaxed);
+        self.total.fetch_add(gained.len(), Ordering::Relaxed);
+        {
+            let mut ring = slot.ring.lock();
+            ring.extend(gained.iter().copied());
+            if ring.len() > 2 * slot.count.load(Ordering::Relaxed) + RING_SLACK {
+                self.compact_ring(instance.0, &mut ring);
+            }
+        }
+        self.evict_instance_over_capacity(instance.0);
+        self.evict_over_global_cap();
+    }
+
+    fn on_removed(&self, slot: Option<&slots::Slot>, source: Source) {
+        if let Some(slot) = slot {
+            slot.dec();
+        }
+        let _ = self
+            .total
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                Some(c.saturating_sub(1))
+            });
+        let _ = self.by_source[source as usize].fetch_update(
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+            |c| Some(c.saturating_sub(1)),
+        );
     }
 
     /// For `hashes` (a prompt's chain), the leading run each instance holds, by tier.
     /// Expired predictions do not count. Clears and fills `out`.
+    ///
+    /// Walks blocks from 0 with the set of instances still matching (sorted by instance id, merged
+    /// with each block's sorted holders) and stops as soon as that set is empty.
     pub fn match_prefix(&self, hashes: &[BlockHash], now: Millis, out: &mut PrefixMatches) {
-        let _ = (hashes, now, out);
-        todo!()
+        out.rows.clear();
+        let Some((&first, rest)) = hashes.split_first() else {
+            return;
+        };
+        {
+            let shard = self.shard(first).read();
+            let Some(holders) = shard.map.get(&first) else {
+                return;
+            };
+            for e in holders.as_slice().iter().filter(|e| e.live(now)) {
+                let mut row = InstanceMatch {
+                    instance: InstanceId(e.instance),
+                    ..Default::default()
+                };
+                count_tier(&mut row, e);
+                out.rows.push(row);
+            }
+        }
+        let rows = &mut out.rows;
+        let mut active = rows.len();
+        for &h in rest {
+            if active == 0 {
+                break;
+            }
+            let shard = self.shard(h).read();
+            let Some(holders) = shard.map.get(&h) else {
+                break;
+            };
+            let holders = holders.as_slice();
+            let (mut w, mut j) = (0, 0);
+            for r in 0..active {
+                let inst = rows[r].instance.0;
+                while j < holders.len() && holders[j].instance < inst {
+                    j += 1;
+                }
+                if j < holders.len() && holders[j].instance == inst && holders[j].live(now) {
+                    count_tier(&mut rows[r], &holders[j]);
+                    rows.swap(w, r);
+                    w += 1;
+                }
+            }
+            active = w;
+        }
     }
 
     /// Removes expired predictions; returns how many. Call periodically, off the request path.
     pub fn expire(&self, now: Millis) -> usize {
-        let _ = now;
-        todo!()
+        self.now_hint.fetch_max(now, Ordering::Relaxed);
+        let mut total = 0;
+        for shard in self.shards.iter() {
+            let mut removed: Vec<(u32, Source)> = Vec::new();
+            {
+                let mut shard = shard.write();
+                let shard = &mut *shard;
+                let mut spill_delta: isize = 0;
+                shard.map.retain(|_, holders| {
+                    let before = holders.heap_bytes() as isize;
+                    let keep = holders.retain(|e| !e.live(now), &mut |e| {
+                        removed.push((e.instance, e.source))
+                    });
+                    let after = if keep {
+                        holders.heap_bytes() as isize
+                    } else {
+                        0
+                    };
+                    spill_delta += after - before;
+                    keep
+                });
+                shard.spill_bytes = (shard.spill_bytes as isize + spill_delta).max(0) as usize;
+            }
+            total += removed.len();
+            for (inst, src) in removed {
+                self.on_removed(self.slots.get(inst), src);
+            }
+        }
+        self.expired.fetch_add(total as u64, Ordering::Relaxed);
+        total
     }
 
     /// Visits every live prediction from `source` as (instance, hash, expires_at).
     /// Used to hand a joining gossip peer a snapshot of this replica's placements.
+    ///
+    /// Visits one shard at a time under its read lock: `visit` must not call back into the index.
     pub fn for_each_prediction(
         &self,
         source: Source,
         now: Millis,
         visit: &mut dyn FnMut(InstanceId, BlockHash, Millis),
     ) {
-        let _ = (source, now, visit);
-        todo!()
+        for shard in self.shards.iter() {
+            let shard = shard.read();
+            for (&h, holders) in shard.map.iter() {
+                for e in holders.as_slice() {
+                    if e.source == source && source != Source::Event && e.live(now) {
+                        visit(InstanceId(e.instance), h, e.expires);
+                    }
+                }
+            }
+        }
     }
 
     /// Current counters and memory estimate.
+    ///
+    /// `memory_bytes` counts map buckets (hashbrown: key, value and one control byte per bucket),
+    /// spilled holder vectors, per-instance slots and CLOCK rings.
     pub fn stats(&self) -> IndexStats {
-        todo!()
+        let mut blocks = 0;
+        let mut memory =
+            std::mem::size_of::<Self>() + self.shards.len() * std::mem::size_of::<RwLock<Shard>>();
+        for shard in self.shards.iter() {
+            let shard = shard.read();
+            blocks += shard.map.len();
+            memory += map_bytes(shard.map.capacity()) + shard.spill_bytes;
+        }
+        memory += self.slots.heap_bytes();
+        let high = self.slots.high();
+        IndexStats {
+            blocks,
+            entries_by_source: [0, 1, 2].map(|i| self.by_source[i].load(Ordering::Relaxed)),
+            entries_by_instance: (0..high as u32)
+                .map(|i| self.instance_entries(InstanceId(i)))
+                .collect(),
+            memory_bytes: memory,
+            evicted: self.evicted.load(Ordering::Relaxed),
+            expired: self.expired.load(Ordering::Relaxed),
+        }
     }
+}
+
+const SOURCES: [Source; 3] = [Source::Event, Source::Local, Source::Peer];
+
+fn count_tier(row: &mut InstanceMatch, e: &Entry) {
+    match e.best_tier() {
+        Tier::Gpu => row.gpu += 1,
+        Tier::Cpu => row.cpu += 1,
+        Tier::Disk => row.disk += 1,
+    }
+}
+
+/// Bytes of a hashbrown table with `capacity` usable slots of (BlockHash, Holders).
+fn map_bytes(capacity: usize) -> usize {
+    if capacity == 0 {
+        return 0;
+    }
+    let buckets = (capacity * 8 / 7).next_power_of_two();
+    buckets * (std::mem::size_of::<(BlockHash, Holders)>() + 1) + 16
 }

@@ -7,6 +7,24 @@
 //!   already-tried ones); a policy always picks one of them when the slice is non-empty.
 //! - Ties are broken by a per-request seed, never by slice position, so no instance is favoured.
 
+mod config;
+pub mod consistent_hash;
+pub mod dynamo;
+pub mod kvgate;
+pub mod least_load;
+pub mod llmd;
+pub mod power_of_two;
+pub mod random;
+pub mod round_robin;
+pub mod sglang;
+mod sglang_tree;
+pub mod util;
+
+pub use config::{
+    build_policy, ConsistentHashParams, DynamoParams, KvgateParams, LlmdParams, PolicyConfig,
+    PolicyName, SglangParams, UnknownPolicy,
+};
+
 use crate::index::InstanceMatch;
 use crate::load::{EngineLoad, InstanceRates, RouterLoad};
 use crate::{BlockHash, InstanceId, Millis};

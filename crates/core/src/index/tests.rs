@@ -1,0 +1,170 @@
+//! Unit tests of the placement index with explicit times.
+
+use super::*;
+
+fn idx(cap: usize, max: usize) -> PlacementIndex {
+    PlacementIndex::new(IndexConfig {
+        shards: 4,
+        max_entries: max,
+        default_instance_capacity: cap,
+    })
+}
+
+fn m(ix: &PlacementIndex, hashes: &[u64], now: Millis) -> Vec<(u32, u32, u32, u32)> {
+    let mut out = PrefixMatches::default();
+    ix.match_prefix(hashes, now, &mut out);
+    let mut v: Vec<_> = out
+        .rows
+        .iter()
+        .map(|r| (r.instance.0, r.gpu, r.cpu, r.disk))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn longest_leading_run_by_tier() {
+    let ix = idx(1000, 10_000);
+    ix.store(InstanceId(0), &[1, 2, 3], Tier::Gpu, 0);
+    ix.store(InstanceId(1), &[1, 2], Tier::Gpu, 0);
+    ix.store(InstanceId(1), &[3, 4], Tier::Cpu, 0);
+    ix.store(InstanceId(2), &[2, 3, 4], Tier::Gpu, 0); // no block 0: never a leading run
+    assert_eq!(m(&ix, &[1, 2, 3, 4], 0), vec![(0, 3, 0, 0), (1, 2, 2, 0)]);
+    assert_eq!(m(&ix, &[9, 1], 0), vec![]);
+    assert_eq!(m(&ix, &[], 0), vec![]);
+    let mut out = PrefixMatches::default();
+    ix.match_prefix(&[1, 2, 3, 4], 0, &mut out);
+    assert_eq!(out.best(), 4);
+    assert_eq!(out.get(InstanceId(0)).total(), 3);
+    assert_eq!(out.get(InstanceId(7)).total(), 0);
+}
+
+#[test]
+fn gap_ends_the_run() {
+    let ix = idx(1000, 10_000);
+    ix.store(InstanceId(0), &[1, 2, 4], Tier::Gpu, 0);
+    assert_eq!(m(&ix, &[1, 2, 3, 4], 0), vec![(0, 2, 0, 0)]);
+}
+
+#[test]
+fn refcounted_removal() {
+    let ix = idx(1000, 10_000);
+    ix.store(InstanceId(0), &[1], Tier::Gpu, 0);
+    ix.store(InstanceId(0), &[1], Tier::Gpu, 0);
+    ix.remove(InstanceId(0), &[1], Tier::Gpu);
+    assert_eq!(m(&ix, &[1], 0), vec![(0, 1, 0, 0)]);
+    ix.remove(InstanceId(0), &[1], Tier::Gpu);
+    assert_eq!(m(&ix, &[1], 0), vec![]);
+    assert_eq!(ix.len(), 0);
+    // GPU copy removed while a CPU copy remains: the block now counts as CPU.
+    ix.store(InstanceId(0), &[5], Tier::Gpu, 0);
+    ix.store(InstanceId(0), &[5], Tier::Cpu, 0);
+    ix.remove(InstanceId(0), &[5], Tier::Gpu);
+    assert_eq!(m(&ix, &[5], 0), vec![(0, 0, 1, 0)]);
+    // Removing an unknown block is harmless.
+    ix.remove(InstanceId(3), &[77], Tier::Gpu);
+    assert_eq!(ix.len(), 1);
+}
+
+#[test]
+fn ttl_with_explicit_times() {
+    let ix = idx(1000, 10_000);
+    ix.predict(InstanceId(0), &[1, 2], Source::Local, 100, 1_000);
+    assert_eq!(m(&ix, &[1, 2], 1_099), vec![(0, 2, 0, 0)]);
+    // Expired predictions never count, even before a sweep.
+    assert_eq!(m(&ix, &[1, 2], 1_100), vec![]);
+    // Re-predicting extends; an event supersedes and never expires.
+    ix.predict(InstanceId(0), &[1], Source::Local, 100, 1_050);
+    ix.store(InstanceId(0), &[2], Tier::Gpu, 1_050);
+    assert_eq!(m(&ix, &[1, 2], 1_120), vec![(0, 2, 0, 0)]);
+    assert_eq!(m(&ix, &[1, 2], 5_000), vec![]);
+    assert_eq!(m(&ix, &[2], 5_000), vec![(0, 1, 0, 0)]);
+    assert_eq!(ix.expire(5_000), 1);
+    let st = ix.stats();
+    assert_eq!(st.entries_by_source, [1, 0, 0]);
+    assert_eq!(st.expired, 1);
+    assert_eq!(st.entries_by_instance, vec![1]);
+}
+
+#[test]
+fn clear_by_source() {
+    let ix = idx(1000, 10_000);
+    ix.store(InstanceId(0), &[1, 2], Tier::Gpu, 0);
+    ix.predict(InstanceId(0), &[3], Source::Peer, 1000, 0);
+    ix.predict(InstanceId(1), &[1], Source::Local, 1000, 0);
+    ix.clear_instance(InstanceId(0), &[Source::Event]);
+    assert_eq!(m(&ix, &[1], 0), vec![(1, 1, 0, 0)]);
+    assert_eq!(ix.instance_entries(InstanceId(0)), 1);
+    ix.clear_instance(InstanceId(0), &[Source::Peer, Source::Local]);
+    assert_eq!(ix.instance_entries(InstanceId(0)), 0);
+    assert_eq!(ix.len(), 1);
+}
+
+#[test]
+fn local_takes_over_peer_and_snapshot_lists_live_predictions() {
+    let ix = idx(1000, 10_000);
+    ix.predict(InstanceId(0), &[1, 2], Source::Peer, 100, 0);
+    ix.predict(InstanceId(0), &[2], Source::Local, 500, 0);
+    ix.predict(InstanceId(1), &[9], Source::Local, 50, 0);
+    let mut local = Vec::new();
+    ix.for_each_prediction(Source::Local, 60, &mut |i, h, exp| {
+        local.push((i.0, h, exp))
+    });
+    assert_eq!(local, vec![(0, 2, 500)]);
+    let mut peer = Vec::new();
+    ix.for_each_prediction(Source::Peer, 0, &mut |i, h, _| peer.push((i.0, h)));
+    assert_eq!(peer, vec![(0, 1)]);
+}
+
+#[test]
+fn capacity_evicts_predictions_lru_first() {
+    let ix = idx(4, 10_000);
+    ix.store(InstanceId(0), &[100], Tier::Gpu, 0);
+    ix.predict(InstanceId(0), &[1, 2, 3], Source::Local, 10_000, 0);
+    assert_eq!(ix.instance_entries(InstanceId(0)), 4);
+    // Two more blocks push out the two oldest predictions; the event entry is kept.
+    ix.predict(InstanceId(0), &[4, 5], Source::Local, 10_000, 1);
+    assert_eq!(ix.instance_entries(InstanceId(0)), 4);
+    assert_eq!(ix.stats().evicted, 2);
+    assert_eq!(
+        m(&ix, &[100], 1),
+        vec![(0, 1, 0, 0)],
+        "events survive while predictions remain"
+    );
+    assert_eq!(m(&ix, &[1], 1), vec![]);
+    assert_eq!(m(&ix, &[2], 1), vec![]);
+    // Using 3 again gives it a second chance: the next insert evicts 4 instead.
+    ix.predict(InstanceId(0), &[3], Source::Local, 10_000, 2);
+    ix.predict(InstanceId(0), &[6], Source::Local, 10_000, 2);
+    assert_eq!(m(&ix, &[3], 2), vec![(0, 1, 0, 0)]);
+    assert_eq!(m(&ix, &[4], 2), vec![]);
+    // Expired predictions go before anything else, whatever their reference bit.
+    ix.predict(InstanceId(0), &[7], Source::Local, 1, 20_000);
+    assert_eq!(ix.instance_entries(InstanceId(0)), 4);
+    assert_eq!(m(&ix, &[100], 20_000), vec![(0, 1, 0, 0)]);
+    // A smaller engine-reported capacity applies immediately.
+    ix.set_instance_capacity(InstanceId(0), 2);
+    assert_eq!(ix.instance_entries(InstanceId(0)), 2);
+    assert_eq!(m(&ix, &[100], 20_000), vec![(0, 1, 0, 0)]);
+}
+
+#[test]
+fn global_cap_holds() {
+    let ix = idx(1_000_000, 1000);
+    for i in 0..8u32 {
+        let hs: Vec<u64> = (0..500).map(|k| u64::from(i) * 1_000_000 + k).collect();
+        ix.predict(InstanceId(i), &hs, Source::Local, 10_000, 0);
+        assert!(ix.len() <= 1000, "{}", ix.len());
+    }
+    let st = ix.stats();
+    assert_eq!(st.entries_by_instance.iter().sum::<usize>(), ix.len());
+    assert!(st.evicted >= 3000);
+}
+
+#[test]
+fn out_of_range_instance_is_ignored() {
+    let ix = idx(10, 100);
+    ix.predict(InstanceId(u32::MAX), &[1], Source::Local, 10, 0);
+    ix.store(InstanceId(MAX_INSTANCES as u32), &[1], Tier::Gpu, 0);
+    assert!(ix.is_empty());
+}

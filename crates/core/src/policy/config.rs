@@ -1,0 +1,286 @@
+//! Policy selection and parameters: the one place where policy defaults live.
+//!
+//! Every struct here is `serde(deny_unknown_fields, default)`: a config file names only what it
+//! changes, and a misspelt key is an error rather than a silently ignored setting.
+
+use super::consistent_hash::ConsistentHash;
+use super::dynamo::DynamoCost;
+use super::kvgate::Kvgate;
+use super::least_load::LeastLoad;
+use super::llmd::LlmdWeighted;
+use super::power_of_two::PowerOfTwo;
+use super::random::Random;
+use super::round_robin::RoundRobin;
+use super::sglang::SglangCacheAware;
+use super::Policy;
+use serde::{Deserialize, Serialize};
+
+/// Which policy routes requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyName {
+    /// kvgate's cost-based policy (predicted TTFT plus fleet recompute cost).
+    #[default]
+    Kvgate,
+    /// Rotation.
+    RoundRobin,
+    /// Uniform by request seed.
+    Random,
+    /// Fewest in-flight requests.
+    LeastLoad,
+    /// Less loaded of two seeded samples.
+    PowerOfTwo,
+    /// Rendezvous hashing on the first blocks.
+    ConsistentHash,
+    /// SGLang router's cache-aware policy (approximate tree over prompt text).
+    SglangCacheAware,
+    /// NVIDIA Dynamo's KV-block cost.
+    DynamoCost,
+    /// llm-d's weighted prefix / queue / KV-utilisation scorers.
+    LlmdWeighted,
+}
+
+impl PolicyName {
+    /// Every policy, default first.
+    pub const ALL: [PolicyName; 9] = [
+        PolicyName::Kvgate,
+        PolicyName::RoundRobin,
+        PolicyName::Random,
+        PolicyName::LeastLoad,
+        PolicyName::PowerOfTwo,
+        PolicyName::ConsistentHash,
+        PolicyName::SglangCacheAware,
+        PolicyName::DynamoCost,
+        PolicyName::LlmdWeighted,
+    ];
+
+    /// The config / metric name (same as serde's).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyName::Kvgate => "kvgate",
+            PolicyName::RoundRobin => "round_robin",
+            PolicyName::Random => "random",
+            PolicyName::LeastLoad => "least_load",
+            PolicyName::PowerOfTwo => "power_of_two",
+            PolicyName::ConsistentHash => "consistent_hash",
+            PolicyName::SglangCacheAware => "sglang_cache_aware",
+            PolicyName::DynamoCost => "dynamo_cost",
+            PolicyName::LlmdWeighted => "llmd_weighted",
+        }
+    }
+}
+
+impl std::fmt::Display for PolicyName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An unknown policy name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown policy {0:?} (expected one of: kvgate, round_robin, random, least_load, power_of_two, consistent_hash, sglang_cache_aware, dynamo_cost, llmd_weighted)")]
+pub struct UnknownPolicy(pub String);
+
+impl std::str::FromStr for PolicyName {
+    type Err = UnknownPolicy;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PolicyName::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| UnknownPolicy(s.to_owned()))
+    }
+}
+
+/// Which policy to run and every policy's parameters.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// The active policy. Default `kvgate`.
+    pub name: PolicyName,
+    /// Parameters of `kvgate`.
+    pub kvgate: KvgateParams,
+    /// Parameters of `sglang_cache_aware`.
+    pub sglang: SglangParams,
+    /// Parameters of `dynamo_cost`.
+    pub dynamo: DynamoParams,
+    /// Parameters of `llmd_weighted`.
+    pub llmd: LlmdParams,
+    /// Parameters of `consistent_hash`.
+    pub consistent_hash: ConsistentHashParams,
+}
+
+/// Parameters of the default `kvgate` policy (see [`super::kvgate`] for the model).
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KvgateParams {
+    /// Fraction of a GPU-resident block's prefill saved by a hit. Default 1.0.
+    pub gpu_credit: f64,
+    /// Fraction saved by a block in CPU offload (the transfer costs the rest). Default 0.8.
+    pub cpu_credit: f64,
+    /// Fraction saved by a block on disk / remote offload. Default 0.5.
+    pub disk_credit: f64,
+    /// Base price of recomputing blocks another instance holds, as a multiple of the recompute
+    /// time. Default 1.0.
+    pub fleet_weight: f64,
+    /// Added to the price per request waiting for its first token on the average instance
+    /// (the requests a redundant recompute delays). Default 0.5.
+    pub fleet_load_weight: f64,
+    /// Upper bound of the total price multiplier, so a deep queue can never pin traffic to a
+    /// hot instance forever. Default 8.0.
+    pub fleet_max_factor: f64,
+    /// Uncached prompt tokens assumed per request in an engine's waiting queue when only
+    /// engine-scraped load is known. Default 1024.
+    pub engine_waiting_tokens: f64,
+    /// Costs within this many ms of the best tie (then broken by request seed). Default 0.01.
+    pub tie_epsilon_ms: f64,
+}
+
+impl Default for KvgateParams {
+    fn default() -> Self {
+        Self {
+            gpu_credit: 1.0,
+            cpu_credit: 0.8,
+            disk_credit: 0.5,
+            fleet_weight: 1.0,
+            fleet_load_weight: 0.5,
+            fleet_max_factor: 8.0,
+            engine_waiting_tokens: 1024.0,
+            tie_epsilon_ms: 0.01,
+        }
+    }
+}
+
+/// Parameters of `sglang_cache_aware` (SGLang router CLI defaults).
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SglangParams {
+    /// Minimum matched fraction of the prompt to follow cache affinity. Default 0.3.
+    pub cache_threshold: f64,
+    /// Load imbalance needs `max − min` above this (in-flight requests). Default 64.
+    pub balance_abs_threshold: u32,
+    /// ... and `max > min × this`. Default 1.5.
+    pub balance_rel_threshold: f64,
+    /// Per-instance bound on characters (bytes) in the tree, enforced every eviction interval.
+    /// Default 2^26.
+    pub max_tree_size: usize,
+    /// Eviction period in ms of the caller's clock. Default 120 000.
+    pub eviction_interval_ms: u64,
+}
+
+impl Default for SglangParams {
+    fn default() -> Self {
+        Self {
+            cache_threshold: 0.3,
+            balance_abs_threshold: 64,
+            balance_rel_threshold: 1.5,
+            max_tree_size: 1 << 26,
+            eviction_interval_ms: 120_000,
+        }
+    }
+}
+
+/// Parameters of `dynamo_cost`.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DynamoParams {
+    /// Weight of prefill blocks against decode blocks. Default 1.0.
+    pub prefill_load_scale: f64,
+    /// 0 = argmin; above 0, softmax sampling over normalised costs. Default 0.0.
+    pub temperature: f64,
+    /// Overlap credit per GPU block. Default 1.0.
+    pub gpu_credit: f64,
+    /// Overlap credit per CPU-offload block. Default 0.75.
+    pub cpu_credit: f64,
+    /// Overlap credit per disk block. Default 0.25.
+    pub disk_credit: f64,
+    /// Active KV blocks assumed per decoding sequence when the engine's KV usage is unknown.
+    /// Default 64.
+    pub blocks_per_decoding_seq: f64,
+}
+
+impl Default for DynamoParams {
+    fn default() -> Self {
+        Self {
+            prefill_load_scale: 1.0,
+            temperature: 0.0,
+            gpu_credit: 1.0,
+            cpu_credit: 0.75,
+            disk_credit: 0.25,
+            blocks_per_decoding_seq: 64.0,
+        }
+    }
+}
+
+/// Parameters of `llmd_weighted` (llm-d defaults).
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LlmdParams {
+    /// Weight of the prefix-match scorer. Default 3.
+    pub prefix_weight: f64,
+    /// Weight of the queue scorer. Default 2.
+    pub queue_weight: f64,
+    /// Weight of the KV-utilisation scorer. Default 2.
+    pub kv_weight: f64,
+}
+
+impl Default for LlmdParams {
+    fn default() -> Self {
+        Self {
+            prefix_weight: 3.0,
+            queue_weight: 2.0,
+            kv_weight: 2.0,
+        }
+    }
+}
+
+/// Parameters of `consistent_hash`.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConsistentHashParams {
+    /// Leading blocks that form the key. Default 4.
+    pub prefix_blocks: usize,
+    /// Bytes of text hashed when the prompt has no full block. Default 256.
+    pub short_prompt_bytes: usize,
+}
+
+impl Default for ConsistentHashParams {
+    fn default() -> Self {
+        Self {
+            prefix_blocks: 4,
+            short_prompt_bytes: 256,
+        }
+    }
+}
+
+/// Builds the configured policy.
+pub fn build_policy(cfg: &PolicyConfig) -> Box<dyn Policy> {
+    match cfg.name {
+        PolicyName::Kvgate => Box::new(Kvgate::new(cfg.kvgate.clone())),
+        PolicyName::RoundRobin => Box::new(RoundRobin::default()),
+        PolicyName::Random => Box::new(Random),
+        PolicyName::LeastLoad => Box::new(LeastLoad),
+        PolicyName::PowerOfTwo => Box::new(PowerOfTwo),
+        PolicyName::ConsistentHash => Box::new(ConsistentHash::new(cfg.consistent_hash.clone())),
+        PolicyName::SglangCacheAware => Box::new(SglangCacheAware::new(cfg.sglang.clone())),
+        PolicyName::DynamoCost => Box::new(DynamoCost::new(cfg.dynamo.clone())),
+        PolicyName::LlmdWeighted => Box::new(LlmdWeighted::new(cfg.llmd.clone())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_build() {
+        for n in PolicyName::ALL {
+            assert_eq!(n.as_str().parse::<PolicyName>(), Ok(n));
+            let cfg = PolicyConfig {
+                name: n,
+                ..Default::default()
+            };
+            assert_eq!(build_policy(&cfg).name(), n.as_str());
+        }
+        assert!("nope".parse::<PolicyName>().is_err());
+    }
+}

@@ -1,0 +1,150 @@
+//! `kvgate`: the default policy. Lowest predicted cost in milliseconds wins.
+//!
+//! # Model
+//!
+//! For each candidate `c` (rate `r_c` in prefill tokens/s, `tpb` tokens per block):
+//!
+//! ```text
+//! credit_c   = gpu_c·κ_gpu + cpu_c·κ_cpu + disk_c·κ_disk            (leading blocks, tier-weighted)
+//! uncached_c = prompt_tokens − min(credit_c·tpb, prompt_tokens)
+//! queued_c   = max(router pending prefill tokens, engine waiting × engine_waiting_tokens)
+//! ttft_c     = (queued_c + uncached_c) / r_c + decode_interference_c × decoding_c
+//! redo_c     = min((max_k credit_k − credit_c)·tpb, prompt_tokens)   (recompute beyond the best match)
+//! fleet_c    = redo_c / r_c × φ,   φ = min(fleet_weight + fleet_load_weight × w̄, fleet_max_factor)
+//! cost_c     = ttft_c + fleet_c
+//! ```
+//!
+//! `w̄` is the fleet's mean number of requests still waiting for their first token per instance.
+//!
+//! Why each term:
+//! - `ttft_c` is what this request waits there. Blocks every instance holds (a shared system prompt)
+//!   reduce every `uncached_c` equally and cancel out, so load decides: no funnelling.
+//! - `fleet_c` is what this choice costs everyone else: prefill work the fleet already did once and
+//!   would redo here. Work redone on `c` delays the requests that queue behind it there; the number
+//!   of such requests grows with load, hence `φ` grows with `w̄`. A TTFT-only greedy choice trades
+//!   cache hits for a shorter queue until total prefill work outgrows the fleet; pricing redundant
+//!   work higher as queues fill keeps the hit ratio as load rises.
+//! - A hot prefix still spreads to a second instance when the holder's queue costs more than
+//!   `(1 + φ)` times recomputing the prefix elsewhere; once the second copy is indexed both hold it
+//!   and load decides between them.
+//! - A request that matches nowhere (cold prefix) has `fleet_c = 0` everywhere and goes to the
+//!   instance with the least predicted queue: new prefixes spread over the fleet.
+//! - Scores within `tie_epsilon_ms` tie; ties go to the lowest hash of (request seed, instance id),
+//!   so equal instances are chosen uniformly over requests and slice position never matters.
+//!
+//! Engine-scraped load is used only when fresh (`stale == false`) and only as a lower bound on the
+//! router's own, which is updated at dispatch and first token and so never lags.
+
+use super::config::KvgateParams;
+use super::util::{argmin_seeded, decision, prefilling};
+use super::{Candidate, Decision, Policy, Reason, RouteRequest};
+
+/// The cost-based default policy.
+#[derive(Clone, Debug, Default)]
+pub struct Kvgate {
+    params: KvgateParams,
+}
+
+/// One candidate's priced terms (exposed for explanations and tests).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct KvgateTerms {
+    /// Predicted time to first token on this candidate, ms.
+    pub ttft_ms: f64,
+    /// Fleet cost of the recompute beyond the best available match, ms.
+    pub fleet_ms: f64,
+}
+
+impl KvgateTerms {
+    /// The score: lower wins.
+    pub fn cost_ms(&self) -> f64 {
+        self.ttft_ms + self.fleet_ms
+    }
+}
+
+impl Kvgate {
+    /// A policy with these parameters.
+    pub fn new(params: KvgateParams) -> Self {
+        Self { params }
+    }
+
+    /// Tier-weighted credited leading blocks of a candidate.
+    fn credit(&self, c: &Candidate) -> f64 {
+        let p = &self.params;
+        f64::from(c.matched.gpu) * p.gpu_credit
+            + f64::from(c.matched.cpu) * p.cpu_credit
+            + f64::from(c.matched.disk) * p.disk_credit
+    }
+
+    /// Requests waiting for their first token on `c`: router-tracked, or the engine's fresh queue.
+    fn waiting(c: &Candidate) -> f64 {
+        let engine = c.engine.filter(|e| !e.stale).map_or(0, |e| e.waiting);
+        f64::from(prefilling(c).max(engine))
+    }
+
+    /// Priced terms of every candidate, in candidate order, appended to `out`.
+    pub fn terms(
+        &self,
+        req: &RouteRequest<'_>,
+        candidates: &[Candidate],
+        out: &mut Vec<KvgateTerms>,
+    ) {
+        let p = &self.params;
+        let tpb = f64::from(req.tokens_per_block.max(1));
+        let prompt = f64::from(req.prompt_tokens);
+        let best = candidates
+            .iter()
+            .map(|c| self.credit(c))
+            .fold(0.0, f64::max);
+        let n = candidates.len().max(1) as f64;
+        let mean_waiting = candidates.iter().map(Self::waiting).sum::<f64>() / n;
+        let phi = (p.fleet_weight + p.fleet_load_weight * mean_waiting)
+            .min(p.fleet_max_factor)
+            .max(0.0);
+        out.extend(candidates.iter().map(|c| {
+            let rate_per_ms = c.rates.prefill_tokens_per_s.max(1.0) / 1000.0;
+            let credit = self.credit(c);
+            let uncached = prompt - (credit * tpb).min(prompt);
+            let fresh = c.engine.filter(|e| !e.stale);
+            let engine_queued =
+                fresh.map_or(0.0, |e| f64::from(e.waiting) * p.engine_waiting_tokens);
+            let queued = (c.load.pending_prefill_tokens as f64).max(engine_queued);
+            let decoding = f64::from(c.load.decoding.max(fresh.map_or(0, |e| e.running)));
+            let ttft_ms = (queued + uncached) / rate_per_ms
+                + c.rates.decode_interference_ms.max(0.0) * decoding;
+            let redo = ((best - credit) * tpb).clamp(0.0, prompt);
+            KvgateTerms {
+                ttft_ms,
+                fleet_ms: redo / rate_per_ms * phi,
+            }
+        }));
+    }
+}
+
+impl Policy for Kvgate {
+    fn name(&self) -> &'static str {
+        "kvgate"
+    }
+    fn decide(&self, req: &RouteRequest<'_>, candidates: &[Candidate]) -> Option<Decision> {
+        if candidates.is_empty() {
+            return None;
+        }
+        let mut terms = Vec::with_capacity(candidates.len());
+        self.terms(req, candidates, &mut terms);
+        let scores: Vec<f64> = terms.iter().map(KvgateTerms::cost_ms).collect();
+        let i = argmin_seeded(
+            candidates,
+            &scores,
+            self.params.tie_epsilon_ms.max(0.0),
+            req.seed,
+        )?;
+        let any_match = candidates.iter().any(|c| c.matched.total() > 0);
+        let reason = if !any_match {
+            Reason::LeastLoaded
+        } else if candidates[i].matched.total() > 0 {
+            Reason::CacheMatch
+        } else {
+            Reason::LowestCost
+        };
+        Some(decision(candidates, i, &scores, terms[i].ttft_ms, reason))
+    }
+}
