@@ -1,0 +1,170 @@
+//! Test harness: gossip replicas on 127.0.0.1 ephemeral ports, each with its own real placement
+//! index and a partition switch on its socket.
+#![allow(dead_code)]
+
+use kvgate_core::index::{IndexConfig, PlacementIndex, PrefixMatches};
+use kvgate_core::{BlockHash, InstanceId, Millis, Source};
+use kvgate_gossip::transport::{PartitionableTransport, UdpTransport};
+use kvgate_gossip::{Clock, Gossip, GossipConfig, InstanceDirectory};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+pub const SECRET: &str = "test-secret-0123456789";
+pub const INSTANCES: usize = 4;
+pub const PREDICTION_TTL_MS: u64 = 60_000;
+
+pub fn now_ms() -> Millis {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as Millis
+}
+
+pub fn clock() -> Clock {
+    Arc::new(now_ms)
+}
+
+/// Fast protocol timings so failure detection takes about a second.
+pub fn fast_config(seeds: &[SocketAddr]) -> GossipConfig {
+    GossipConfig {
+        enabled: true,
+        bind: "127.0.0.1:0".into(),
+        seeds: seeds.iter().map(|a| a.to_string()).collect(),
+        cluster_id: "test".into(),
+        secret: SECRET.into(),
+        flush_interval_ms: 10,
+        load_interval_ms: 20,
+        probe_period_ms: 200,
+        probe_rtt_ms: 80,
+        suspect_to_down_ms: 600,
+        seed_interval_ms: 300,
+        peer_ttl_ms: 2_000,
+        prediction_ttl_ms: PREDICTION_TTL_MS,
+        ..GossipConfig::default()
+    }
+}
+
+pub fn instance_name(i: usize) -> String {
+    format!("http://engine-{i}:8000")
+}
+
+pub struct Node {
+    pub gossip: Gossip,
+    pub index: Arc<PlacementIndex>,
+    pub directory: InstanceDirectory,
+    pub cut: Arc<AtomicBool>,
+    pub addr: SocketAddr,
+    /// Reverse numbering: replicas number instances differently; only names are shared.
+    pub reversed: bool,
+}
+
+impl Node {
+    pub async fn start(bind: SocketAddr, cfg: GossipConfig, reversed: bool) -> Node {
+        let index = Arc::new(PlacementIndex::new(IndexConfig {
+            shards: 16,
+            max_entries: 1 << 20,
+            default_instance_capacity: 1 << 18,
+        }));
+        let directory = InstanceDirectory::from_pairs((0..INSTANCES).map(|i| {
+            let id = if reversed { INSTANCES - 1 - i } else { i };
+            (InstanceId(id as u32), instance_name(i))
+        }));
+        let udp = UdpTransport::bind(bind).await.expect("bind");
+        let (t, cut) = PartitionableTransport::new(udp);
+        let addr = kvgate_gossip::transport::Transport::local_addr(&t).expect("addr");
+        let gossip = Gossip::start_with_transport(
+            cfg,
+            Arc::new(t),
+            index.clone(),
+            directory.clone(),
+            clock(),
+        )
+        .await
+        .expect("start");
+        Node {
+            gossip,
+            index,
+            directory,
+            cut,
+            addr,
+            reversed,
+        }
+    }
+
+    /// This node's id for the instance named `instance_name(i)`.
+    pub fn id(&self, i: usize) -> InstanceId {
+        InstanceId(if self.reversed { INSTANCES - 1 - i } else { i } as u32)
+    }
+
+    /// A routing decision as the gateway makes it: predict locally, then share.
+    pub fn decide(&self, i: usize, hashes: &[BlockHash]) {
+        let now = now_ms();
+        self.index
+            .predict(self.id(i), hashes, Source::Local, PREDICTION_TTL_MS, now);
+        self.gossip.record_decision(self.id(i), hashes, now);
+    }
+
+    /// Leading blocks of `hashes` this node's index holds on instance `i`.
+    pub fn holds(&self, i: usize, hashes: &[BlockHash]) -> u32 {
+        let mut out = PrefixMatches::default();
+        self.index.match_prefix(hashes, now_ms(), &mut out);
+        out.get(self.id(i)).total()
+    }
+
+    pub fn partition(&self, on: bool) {
+        self.cut.store(on, Ordering::SeqCst);
+    }
+
+    pub fn rejected(&self, reason: &str) -> u64 {
+        self.gossip
+            .cluster_status()
+            .rejected
+            .get(reason)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// Starts `n` replicas: the first is everyone's seed; odd ones number instances in reverse.
+pub async fn cluster(n: usize) -> Vec<Node> {
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let first = Node::start(any, fast_config(&[]), false).await;
+    let seed = first.addr;
+    let mut v = vec![first];
+    for i in 1..n {
+        v.push(Node::start(any, fast_config(&[seed]), i % 2 == 1).await);
+    }
+    let ok = wait_until(Duration::from_secs(15), || {
+        v.iter().all(|x| x.gossip.live_peers() == n - 1)
+    })
+    .await;
+    assert!(ok, "cluster of {n} did not form");
+    v
+}
+
+/// Polls `f` every 20 ms until true or `timeout`.
+pub async fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A chain of `n` distinct pseudo-random block hashes derived from `seed`.
+pub fn chain(seed: u64, n: usize) -> Vec<BlockHash> {
+    let mut h = seed;
+    (0..n)
+        .map(|i| {
+            h = xxhash_rust::xxh3::xxh3_64_with_seed(&(i as u64).to_le_bytes(), h);
+            h
+        })
+        .collect()
+}
+
+pub const CONVERGE: Duration = Duration::from_secs(10);
