@@ -1,1 +1,49 @@
-//! kvgate
+//! # kvgate: a cache-aware request router for LLM inference fleets
+//!
+//! kvgate is an HTTP gateway in front of vLLM / SGLang / any OpenAI-compatible instances. For each
+//! request it hashes the prompt's prefix into block hashes, asks the KV placement index which
+//! instances already hold how much of it, scores the healthy instances on what the cache saves
+//! versus what their queues cost, and proxies the request there (SSE streaming included).
+//!
+//! # Layout
+//!
+//! The workspace, top to bottom (arrows point down only):
+//!
+//! - `src/main.rs` — the `kvgate` binary: flags, config loading, logging, signals; `kvgate sim`
+//!   runs the engine simulator; `kvgate healthcheck` probes a running gateway (container
+//!   `HEALTHCHECK`).
+//! - [`app`] — [`app::AppState`], [`app::router`] and [`app::run`] (serve a bound listener until a
+//!   shutdown future resolves, then drain for the grace period).
+//! - [`proxy`] — the OpenAI endpoints: body read once under a limit, routing fields parsed by
+//!   borrowing ([`proxy::parse`]), original bytes forwarded, SSE relayed frame by frame
+//!   ([`proxy::body`]), retries before the first byte only.
+//! - [`admin`] — `/health`, `/ready`, `/metrics`, `/v1/models`, `/admin/*`.
+//! - [`routing`] — the only caller of the routing core: prompt → block hashes → index match →
+//!   policy decision → prediction + load guard; keeps the decision log.
+//! - [`fleet`] — pools by model, instances with dense ids, health (active checks + passive
+//!   ejection), latency averages, engine load scraping, the `/v1/models` union.
+//! - [`client`] — pooled keep-alive HTTP/1.1 client with connect / first-byte timeouts.
+//! - [`error`] — [`error::GatewayError`]: one error type, one mapping to status + OpenAI body,
+//!   with fault and retry-safety.
+//! - [`metrics`] — every metric name, help text and bucket set.
+//! - [`config`] — one typed [`config::Config`]; defaults in one place; TOML < `KVGATE_*` env < flags.
+//! - `crates/core` (`kvgate-core`) — the pure routing core: hashing, placement index, load, policies.
+//!   No I/O, no clock (time is passed in via [`clock::Clock`] at this edge).
+//! - `crates/tokenizer` — tokenizers and chat templates for token-mode hashing.
+//! - `crates/sim` — engine simulator (OpenAI API, prefix cache, metrics, KV events); also the
+//!   embedded default fleet.
+//! - `crates/events` — engine KV event ingestion into the index.
+//! - `crates/gossip` — replica gossip of placements and load.
+//! - `loadtest/` — trace replay, synthetic workloads, offline policy simulation, comparisons;
+//!   `loadtest/overhead.sh` measures the proxy's own cost against nginx.
+
+pub mod admin;
+pub mod app;
+pub mod client;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod fleet;
+pub mod metrics;
+pub mod proxy;
+pub mod routing;

@@ -1,1 +1,136 @@
-fn main() {}
+//! The `kvgate` binary: parse flags, load config, start things. Nothing else lives here.
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use kvgate::config::{env, Config, LogFormat};
+use std::path::PathBuf;
+
+/// Cache-aware request router for LLM inference fleets.
+#[derive(Parser, Debug)]
+#[command(name = "kvgate", version, about)]
+struct Cli {
+    /// TOML config file (env: KVGATE_CONFIG). Without one, built-in defaults apply.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Listen address, overriding config and KVGATE_LISTEN.
+    #[arg(long)]
+    listen: Option<String>,
+    /// Log format: human or json, overriding config and KVGATE_LOG_FORMAT.
+    #[arg(long)]
+    log_format: Option<LogFormat>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Probe a running gateway's /health (exit 0 when healthy); used by the container HEALTHCHECK.
+    Healthcheck {
+        /// Address to probe; default: the configured listen address.
+        #[arg(long)]
+        addr: Option<String>,
+    },
+}
+
+fn load_config(cli: &Cli) -> Result<Config> {
+    let path = cli
+        .config
+        .clone()
+        .or_else(|| std::env::var_os(env::CONFIG).map(PathBuf::from));
+    let mut cfg = match &path {
+        Some(p) => Config::from_file(p)?,
+        None => Config::default(),
+    };
+    cfg.apply_env(|k| std::env::var(k).ok())?;
+    if let Some(l) = &cli.listen {
+        cfg.server.listen = l.clone();
+    }
+    if let Some(f) = cli.log_format {
+        cfg.server.log_format = f;
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+fn init_logging(cfg: &Config) -> Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&cfg.server.log_filter)
+        .with_context(|| format!("invalid server.log_filter `{}`", cfg.server.log_filter))?;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match cfg.server.log_format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
+
+fn healthcheck(cfg: &Config, addr: Option<String>) -> Result<()> {
+    use std::io::{Read, Write};
+    let addr = addr.unwrap_or_else(|| cfg.server.listen.replace("0.0.0.0", "127.0.0.1"));
+    let sock: std::net::SocketAddr = addr
+        .parse()
+        .with_context(|| format!("bad address {addr}"))?;
+    let timeout = std::time::Duration::from_secs(3);
+    let mut s = std::net::TcpStream::connect_timeout(&sock, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.write_all(b"GET /health HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut buf = [0u8; 32];
+    let n = s.read(&mut buf)?;
+    let head = String::from_utf8_lossy(&buf[..n]);
+    if head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200") {
+        Ok(())
+    } else {
+        bail!("unhealthy: {}", head.lines().next().unwrap_or(""))
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let cfg = load_config(&cli)?;
+    if let Some(Command::Healthcheck { addr }) = cli.command {
+        return healthcheck(&cfg, addr);
+    }
+    init_logging(&cfg)?;
+    serve(cfg).await
+}
+
+async fn serve(cfg: Config) -> Result<()> {
+    if cfg.pools.is_empty() {
+        bail!("no [[pools]] configured; configure instances (see config/kvgate.toml)");
+    }
+    let listener = tokio::net::TcpListener::bind(&cfg.server.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.server.listen))?;
+    let state = kvgate::app::AppState::new(cfg)?;
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        pools = state.fleet.pools().len(),
+        instances = state.fleet.instances().len(),
+        policy = state.routing.policy_name(0),
+        "kvgate serving"
+    );
+    kvgate::app::run(listener, state, shutdown_signal()).await?;
+    tracing::info!("kvgate stopped");
+    Ok(())
+}

@@ -1,0 +1,142 @@
+//! Gateway-local endpoints: liveness, readiness, metrics, the models union and the admin views.
+//!
+//! Invariant: nothing here touches an instance; answers come from state the background tasks keep.
+
+use crate::app::AppState;
+use crate::error::GatewayError;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use http::{header, HeaderValue, StatusCode, Uri};
+use serde::Serialize;
+
+/// `GET /health`: the process is alive.
+pub async fn health() -> &'static str {
+    "ok"
+}
+
+/// `GET /ready`: at least one instance is usable.
+pub async fn ready(State(s): State<AppState>) -> Response {
+    if s.fleet.any_usable(s.clock.now_ms()) {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "no healthy instance").into_response()
+    }
+}
+
+/// `GET /metrics`: Prometheus text exposition.
+pub async fn metrics(State(s): State<AppState>) -> Response {
+    let mut r = s.metrics.render().into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}
+
+/// `GET /v1/models`: union of the instances' lists (cached).
+pub async fn models(State(s): State<AppState>) -> Response {
+    let mut r = s.fleet.models_json().into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+#[derive(Serialize)]
+struct InstanceView<'a> {
+    id: u32,
+    name: &'a str,
+    url: &'a str,
+    model: &'a str,
+    healthy: bool,
+    ejected: bool,
+    usable: bool,
+    in_flight: u32,
+    router_load: kvgate_core::load::RouterLoad,
+    header_latency_ms: Option<f64>,
+    ttft_ms: Option<f64>,
+    engine: Option<kvgate_core::load::EngineLoad>,
+    capacity_blocks: Option<u64>,
+    rates: kvgate_core::load::InstanceRates,
+}
+
+/// `GET /admin/instances`: health, load and latency of every instance.
+pub async fn instances(State(s): State<AppState>) -> Response {
+    let now = s.clock.now_ms();
+    let stale_after = s.config.load.stale_after_ms;
+    let views: Vec<InstanceView<'_>> = s
+        .fleet
+        .instances()
+        .iter()
+        .map(|i| {
+            let load = s.routing.load().snapshot(i.id);
+            InstanceView {
+                id: i.id.0,
+                name: &i.name,
+                url: &i.config.url,
+                model: &s.fleet.pools()[i.pool].model,
+                healthy: i.health.active_ok(),
+                ejected: i.health.ejected(now),
+                usable: i.health.usable(now),
+                in_flight: load.in_flight,
+                router_load: load,
+                header_latency_ms: i.header_latency.get(),
+                ttft_ms: i.ttft.get(),
+                engine: i.engine.lock().map(|mut e| {
+                    e.stale = now.saturating_sub(e.at) > stale_after;
+                    e
+                }),
+                capacity_blocks: i.capacity(),
+                rates: s.routing.rates(i.id),
+            }
+        })
+        .collect();
+    Json(serde_json::json!({ "instances": views })).into_response()
+}
+
+/// `GET /admin/decisions`: recent routing decisions with every candidate's score.
+pub async fn decisions(State(s): State<AppState>) -> Response {
+    Json(serde_json::json!({ "decisions": s.routing.decisions() })).into_response()
+}
+
+/// `GET /admin/index`: placement index statistics, per instance by name.
+pub async fn index(State(s): State<AppState>) -> Response {
+    let stats = s.routing.index().stats();
+    let per_instance: Vec<_> = s
+        .fleet
+        .instances()
+        .iter()
+        .map(|i| {
+            serde_json::json!({
+                "name": i.name,
+                "entries": stats.entries_by_instance.get(i.id.index()).copied().unwrap_or(0),
+                "capacity_blocks": i.capacity(),
+            })
+        })
+        .collect();
+    let pools: Vec<_> = s
+        .fleet
+        .pools()
+        .iter()
+        .map(|p| {
+            serde_json::json!({
+                "model": p.model,
+                "policy": s.routing.policy_name(p.index),
+                "hash_mode": s.routing.hash_mode(p.index),
+            })
+        })
+        .collect();
+    Json(serde_json::json!({
+        "stats": stats,
+        "instances": per_instance,
+        "pools": pools,
+    }))
+    .into_response()
+}
+
+/// Anything else: OpenAI-style 404.
+pub async fn not_found(uri: Uri) -> Response {
+    GatewayError::NotFound(uri.path().to_string()).into_response()
+}

@@ -1,0 +1,172 @@
+//! Application wiring: shared state, the HTTP router and the serve loop with graceful shutdown.
+//!
+//! Invariants:
+//! - [`run`] takes an already bound listener, so tests bind `127.0.0.1:0` and read the port.
+//! - After the shutdown future resolves the listener stops accepting; in-flight requests and streams
+//!   get `server.shutdown_grace_ms` to finish, then [`run`] returns and drops what is left.
+//! - Background tasks (health checks, scrapes, model refresh, index expiry, metrics upkeep) live
+//!   exactly as long as [`run`].
+
+use crate::admin;
+use crate::client::HttpClient;
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::error::GatewayError;
+use crate::fleet::{tasks, Fleet};
+use crate::metrics;
+use crate::proxy;
+use crate::routing::Routing;
+use axum::routing::{get, post};
+use axum::serve::ListenerExt;
+use http::HeaderName;
+use metrics_exporter_prometheus::PrometheusHandle;
+use std::future::Future;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Everything a request handler needs. Cheap to clone (one `Arc`).
+#[derive(Clone)]
+pub struct AppState(Arc<Shared>);
+
+/// The shared state behind [`AppState`].
+pub struct Shared {
+    /// Validated configuration.
+    pub config: Arc<Config>,
+    /// Pools and instances.
+    pub fleet: Arc<Fleet>,
+    /// Routing glue (index, load, policies, decision log).
+    pub routing: Arc<Routing>,
+    /// Upstream client.
+    pub client: HttpClient,
+    /// Monotonic clock shared with the core.
+    pub clock: Clock,
+    /// Prometheus exposition.
+    pub metrics: PrometheusHandle,
+    /// `server.request_id_header`, parsed once.
+    pub request_id_header: HeaderName,
+}
+
+impl Deref for AppState {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+impl AppState {
+    /// Builds the state from a validated config with at least one pool.
+    pub fn new(config: Config) -> Result<AppState, GatewayError> {
+        config
+            .validate()
+            .map_err(|e| GatewayError::Internal(e.to_string()))?;
+        if config.pools.is_empty() {
+            return Err(GatewayError::Internal(
+                "no pools configured: configure [[pools]] or start the embedded fleet first".into(),
+            ));
+        }
+        let clock = Clock::new();
+        let fleet = Arc::new(Fleet::new(&config)?);
+        let routing = Arc::new(Routing::new(&config, &fleet, clock)?);
+        let client = HttpClient::new(&config.upstream);
+        let metrics = metrics::install().map_err(GatewayError::Internal)?;
+        let request_id_header = HeaderName::from_bytes(config.server.request_id_header.as_bytes())
+            .map_err(|e| GatewayError::Internal(e.to_string()))?;
+        Ok(AppState(Arc::new(Shared {
+            config: Arc::new(config),
+            fleet,
+            routing,
+            client,
+            clock,
+            metrics,
+            request_id_header,
+        })))
+    }
+}
+
+/// The HTTP routes.
+pub fn router(state: AppState) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/chat/completions", post(proxy::chat))
+        .route("/v1/completions", post(proxy::completions))
+        .route("/v1/embeddings", post(proxy::embeddings))
+        .route("/v1/responses", post(proxy::responses))
+        .route("/v1/models", get(admin::models))
+        .route("/health", get(admin::health))
+        .route("/ready", get(admin::ready))
+        .route("/metrics", get(admin::metrics))
+        .route("/admin/instances", get(admin::instances))
+        .route("/admin/decisions", get(admin::decisions))
+        .route("/admin/index", get(admin::index))
+        .fallback(admin::not_found)
+        .with_state(state)
+}
+
+/// Starts the background tasks tied to `state`; they stop when `token` is cancelled.
+pub fn spawn_background(
+    state: &AppState,
+    token: CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut handles = tasks::spawn(
+        tasks::Probe {
+            fleet: state.fleet.clone(),
+            client: state.client.clone(),
+            config: state.config.clone(),
+            clock: state.clock,
+            index: state.routing.index().clone(),
+        },
+        token.clone(),
+    );
+    handles.push(tokio::spawn(state.routing.clone().expire_loop(
+        state.config.routing.index.expire_interval_ms,
+        token.clone(),
+    )));
+    let handle = state.metrics.clone();
+    let t = token;
+    handles.push(tokio::spawn(async move {
+        // Drains histogram samples even when nobody scrapes, bounding their memory.
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tokio::select! {
+                _ = t.cancelled() => return,
+                _ = tick.tick() => handle.run_upkeep(),
+            }
+        }
+    }));
+    handles
+}
+
+/// Serves `state` on `listener` until `shutdown` resolves, then drains for the grace period.
+pub async fn run(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let token = CancellationToken::new();
+    let background = spawn_background(&state, token.clone());
+    let grace = Duration::from_millis(state.config.server.shutdown_grace_ms);
+    let app = router(state);
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let stop = token.clone();
+    let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown.await;
+        tracing::info!("shutdown requested: no new connections; draining in-flight requests");
+        stop.cancel();
+    });
+    let result = tokio::select! {
+        r = serve => r,
+        _ = async { token.cancelled().await; tokio::time::sleep(grace).await } => {
+            tracing::warn!("shutdown grace period of {} ms elapsed; dropping remaining requests", grace.as_millis());
+            Ok(())
+        }
+    };
+    token.cancel();
+    for h in background {
+        h.abort();
+    }
+    result
+}

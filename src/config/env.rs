@@ -1,0 +1,38 @@
+//! Every environment variable kvgate reads, in one place.
+//!
+//! Invariant: no other module calls `std::env::var` with a literal name; they use these constants,
+//! so the full list of knobs is discoverable here and in `docs/gateway.md`.
+
+/// Path of the TOML config file (same as `--config`).
+pub const CONFIG: &str = "KVGATE_CONFIG";
+/// `server.listen`: socket address to serve on.
+pub const LISTEN: &str = "KVGATE_LISTEN";
+/// `server.log_format`: `human` or `json`.
+pub const LOG_FORMAT: &str = "KVGATE_LOG_FORMAT";
+/// `server.log_filter`: a `tracing` filter directive such as `info` or `kvgate=debug`.
+pub const LOG: &str = "KVGATE_LOG";
+/// `server.body_limit_bytes`: maximum request body size.
+pub const BODY_LIMIT_BYTES: &str = "KVGATE_BODY_LIMIT_BYTES";
+/// `server.shutdown_grace_ms`: how long in-flight requests may finish after a shutdown signal.
+pub const SHUTDOWN_GRACE_MS: &str = "KVGATE_SHUTDOWN_GRACE_MS";
+/// `upstream.max_attempts`: attempts per request (1 = no retry).
+pub const MAX_ATTEMPTS: &str = "KVGATE_MAX_ATTEMPTS";
+/// `routing.policy.name`: routing policy (`kvgate`, `round_robin`, ...).
+pub const POLICY: &str = "KVGATE_POLICY";
+/// `routing.hash_mode`: `auto`, `text` or `token`.
+pub const HASH_MODE: &str = "KVGATE_HASH_MODE";
+/// `sim.engines`: size of the embedded simulated fleet.
+pub const SIM_ENGINES: &str = "KVGATE_SIM_ENGINES";
+
+/// All variables applied as config overrides, in the order they are applied.
+pub const OVERRIDES: &[&str] = &[
+    LISTEN,
+    LOG_FORMAT,
+    LOG,
+    BODY_LIMIT_BYTES,
+    SHUTDOWN_GRACE_MS,
+    MAX_ATTEMPTS,
+    POLICY,
+    HASH_MODE,
+    SIM_ENGINES,
+];

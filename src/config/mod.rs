@@ -1,0 +1,378 @@
+//! The gateway's one typed configuration.
+//!
+//! Invariants:
+//! - Every default lives in a section's `Default` impl and nowhere else; `config/kvgate.toml`
+//!   documents the same values and a test asserts it parses to exactly `Config::default()`.
+//! - Precedence: built-in defaults < TOML file < `KVGATE_*` environment variables (see [`env`]) <
+//!   command-line flags (applied by the binary).
+//! - Unknown keys and invalid values are start-up errors that name the key.
+
+pub mod env;
+mod pools;
+mod routing;
+mod server;
+mod upstream;
+
+pub use pools::{Flavour, InstanceConfig, PoolConfig, SimConfig};
+pub use routing::{HashMode, IndexSection, RoutingConfig};
+pub use server::{LogFormat, ServerConfig};
+pub use upstream::{HealthConfig, LoadConfig, UpstreamConfig};
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The whole configuration. Sections map 1:1 to TOML tables.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Listening side.
+    pub server: ServerConfig,
+    /// Upstream client.
+    pub upstream: UpstreamConfig,
+    /// Instance health checking.
+    pub health: HealthConfig,
+    /// Engine load scraping.
+    pub load: LoadConfig,
+    /// Hashing, index and policy.
+    pub routing: RoutingConfig,
+    /// Instances, grouped by model. Empty = start the embedded simulated fleet.
+    pub pools: Vec<PoolConfig>,
+    /// The embedded simulated fleet.
+    pub sim: SimConfig,
+}
+
+/// A configuration problem, naming the offending key (or environment variable).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The path.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// TOML syntax error, unknown key or wrongly typed value (the message names the key).
+    #[error("invalid config file {path}: {message}")]
+    Parse {
+        /// The path.
+        path: String,
+        /// The parser's message, with line, column and key.
+        message: String,
+    },
+    /// An invalid value.
+    #[error("invalid config value `{key}`: {message}")]
+    Invalid {
+        /// Dotted key, e.g. `pools[0].instances[1].url`.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An environment variable with an invalid value.
+    #[error("invalid environment variable {var} (sets `{key}`): {message}")]
+    Env {
+        /// The variable.
+        var: &'static str,
+        /// The key it sets.
+        key: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+impl Config {
+    /// Parses TOML text (`origin` names it in errors). Does not validate.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Reads and parses a TOML file. Does not validate.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml_str(&text, &path.display().to_string())
+    }
+
+    /// Applies `KVGATE_*` overrides, reading variables through `lookup` (tests pass a map;
+    /// the binary passes `std::env::var`).
+    pub fn apply_env(
+        &mut self,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
+        fn parse<T: std::str::FromStr>(
+            var: &'static str,
+            key: &'static str,
+            value: &str,
+        ) -> Result<T, ConfigError>
+        where
+            T::Err: std::fmt::Display,
+        {
+            value.trim().parse::<T>().map_err(|e| ConfigError::Env {
+                var,
+                key,
+                message: e.to_string(),
+            })
+        }
+        if let Some(v) = lookup(env::LISTEN) {
+            self.server.listen = v;
+        }
+        if let Some(v) = lookup(env::LOG_FORMAT) {
+            self.server.log_format = parse(env::LOG_FORMAT, "server.log_format", &v)?;
+        }
+        if let Some(v) = lookup(env::LOG) {
+            self.server.log_filter = v;
+        }
+        if let Some(v) = lookup(env::BODY_LIMIT_BYTES) {
+            self.server.body_limit_bytes =
+                parse(env::BODY_LIMIT_BYTES, "server.body_limit_bytes", &v)?;
+        }
+        if let Some(v) = lookup(env::SHUTDOWN_GRACE_MS) {
+            self.server.shutdown_grace_ms =
+                parse(env::SHUTDOWN_GRACE_MS, "server.shutdown_grace_ms", &v)?;
+        }
+        if let Some(v) = lookup(env::MAX_ATTEMPTS) {
+            self.upstream.max_attempts = parse(env::MAX_ATTEMPTS, "upstream.max_attempts", &v)?;
+        }
+        if let Some(v) = lookup(env::POLICY) {
+            self.routing.policy.name = parse(env::POLICY, "routing.policy.name", &v)?;
+        }
+        if let Some(v) = lookup(env::HASH_MODE) {
+            self.routing.hash_mode = parse(env::HASH_MODE, "routing.hash_mode", &v)?;
+        }
+        if let Some(v) = lookup(env::SIM_ENGINES) {
+            self.sim.engines = parse(env::SIM_ENGINES, "sim.engines", &v)?;
+        }
+        Ok(())
+    }
+
+    /// Checks every value; the error names the first offending key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let s = &self.server;
+        if s.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(invalid(
+                "server.listen",
+                format!("`{}` is not a socket address like 127.0.0.1:8080", s.listen),
+            ));
+        }
+        if s.body_limit_bytes == 0 {
+            return Err(invalid("server.body_limit_bytes", "must be > 0"));
+        }
+        if http::HeaderName::from_bytes(s.request_id_header.as_bytes()).is_err() {
+            return Err(invalid(
+                "server.request_id_header",
+                "not a valid HTTP header name",
+            ));
+        }
+        let u = &self.upstream;
+        for (key, v) in [
+            ("upstream.connect_timeout_ms", u.connect_timeout_ms),
+            ("upstream.first_byte_timeout_ms", u.first_byte_timeout_ms),
+            ("upstream.idle_timeout_ms", u.idle_timeout_ms),
+            ("upstream.pool_idle_timeout_ms", u.pool_idle_timeout_ms),
+            ("health.interval_ms", self.health.interval_ms),
+            ("health.timeout_ms", self.health.timeout_ms),
+            ("health.eject_ms", self.health.eject_ms),
+            ("health.models_refresh_ms", self.health.models_refresh_ms),
+            ("load.poll_interval_ms", self.load.poll_interval_ms),
+            ("load.stale_after_ms", self.load.stale_after_ms),
+            ("load.timeout_ms", self.load.timeout_ms),
+            ("routing.predicted_ttl_ms", self.routing.predicted_ttl_ms),
+            (
+                "routing.index.expire_interval_ms",
+                self.routing.index.expire_interval_ms,
+            ),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be > 0"));
+            }
+        }
+        if !(1..=16).contains(&u.max_attempts) {
+            return Err(invalid("upstream.max_attempts", "must be between 1 and 16"));
+        }
+        let h = &self.health;
+        for (key, v) in [
+            ("health.unhealthy_threshold", h.unhealthy_threshold),
+            ("health.healthy_threshold", h.healthy_threshold),
+            (
+                "health.passive_failure_threshold",
+                h.passive_failure_threshold,
+            ),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be >= 1"));
+            }
+        }
+        let r = &self.routing;
+        if r.text_block_bytes < 8 || r.text_block_bytes > 1 << 20 {
+            return Err(invalid(
+                "routing.text_block_bytes",
+                "must be between 8 and 1048576",
+            ));
+        }
+        if r.text_bytes_per_token == 0 {
+            return Err(invalid("routing.text_bytes_per_token", "must be >= 1"));
+        }
+        if r.decision_log_size > 100_000 {
+            return Err(invalid("routing.decision_log_size", "must be <= 100000"));
+        }
+        if !(r.prefill_tokens_per_s.is_finite() && r.prefill_tokens_per_s > 0.0) {
+            return Err(invalid("routing.prefill_tokens_per_s", "must be > 0"));
+        }
+        if !(r.decode_interference_ms.is_finite() && r.decode_interference_ms >= 0.0) {
+            return Err(invalid("routing.decode_interference_ms", "must be >= 0"));
+        }
+        if r.index.shards == 0 || r.index.shards > 65_536 {
+            return Err(invalid(
+                "routing.index.shards",
+                "must be between 1 and 65536",
+            ));
+        }
+        if r.index.max_entries == 0 {
+            return Err(invalid("routing.index.max_entries", "must be > 0"));
+        }
+        if r.index.default_instance_capacity == 0 {
+            return Err(invalid(
+                "routing.index.default_instance_capacity",
+                "must be > 0",
+            ));
+        }
+        if self.pools.is_empty() && !(1..=256).contains(&self.sim.engines) {
+            return Err(invalid("sim.engines", "must be between 1 and 256"));
+        }
+        if self.sim.block_size == 0 {
+            return Err(invalid("sim.block_size", "must be >= 1"));
+        }
+        self.validate_pools()
+    }
+
+    fn validate_pools(&self) -> Result<(), ConfigError> {
+        let total: usize = self.pools.iter().map(|p| p.instances.len()).sum();
+        if total > kvgate_core::index::MAX_INSTANCES {
+            return Err(invalid(
+                "pools",
+                format!(
+                    "at most {} instances in all",
+                    kvgate_core::index::MAX_INSTANCES
+                ),
+            ));
+        }
+        let mut models = std::collections::HashSet::new();
+        let mut names = std::collections::HashSet::new();
+        for (p, pool) in self.pools.iter().enumerate() {
+            if pool.model.trim().is_empty() {
+                return Err(invalid(format!("pools[{p}].model"), "must not be empty"));
+            }
+            if !models.insert(pool.model.as_str()) {
+                return Err(invalid(
+                    format!("pools[{p}].model"),
+                    format!("model `{}` is configured twice", pool.model),
+                ));
+            }
+            if pool.block_size == Some(0) {
+                return Err(invalid(format!("pools[{p}].block_size"), "must be >= 1"));
+            }
+            if self.routing.hash_mode == HashMode::Token && pool.block_size.is_none() {
+                // Token mode must agree with the engine's block size, so it must be stated.
+                return Err(invalid(
+                    format!("pools[{p}].block_size"),
+                    "required when routing.hash_mode = \"token\"",
+                ));
+            }
+            if pool.instances.is_empty() {
+                return Err(invalid(
+                    format!("pools[{p}].instances"),
+                    "a pool needs at least one instance",
+                ));
+            }
+            for (i, inst) in pool.instances.iter().enumerate() {
+                let key = format!("pools[{p}].instances[{i}]");
+                let authority = crate::fleet::parse_base_url(&inst.url)
+                    .map_err(|m| invalid(format!("{key}.url"), m))?;
+                let name = inst.name.clone().unwrap_or(authority);
+                if name.is_empty() || http::HeaderValue::from_str(&name).is_err() {
+                    return Err(invalid(
+                        format!("{key}.name"),
+                        "must be non-empty printable ASCII",
+                    ));
+                }
+                if !names.insert(name.clone()) {
+                    return Err(invalid(
+                        format!("{key}.name"),
+                        format!("instance name `{name}` is used twice"),
+                    ));
+                }
+                if inst.capacity_blocks == Some(0) {
+                    return Err(invalid(format!("{key}.capacity_blocks"), "must be >= 1"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn default_is_valid() {
+        Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn bad_listen_names_key() {
+        let mut c = Config::default();
+        c.server.listen = "nope".into();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("server.listen"), "{e}");
+    }
+
+    #[test]
+    fn env_overrides_apply_and_bad_values_name_the_variable() {
+        let vars: HashMap<&str, &str> = [
+            (env::LISTEN, "0.0.0.0:9000"),
+            (env::LOG_FORMAT, "json"),
+            (env::MAX_ATTEMPTS, "5"),
+        ]
+        .into();
+        let mut c = Config::default();
+        c.apply_env(|k| vars.get(k).map(|v| v.to_string())).unwrap();
+        assert_eq!(c.server.listen, "0.0.0.0:9000");
+        assert_eq!(c.server.log_format, LogFormat::Json);
+        assert_eq!(c.upstream.max_attempts, 5);
+
+        let e = c
+            .apply_env(|k| (k == env::BODY_LIMIT_BYTES).then(|| "lots".to_string()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("KVGATE_BODY_LIMIT_BYTES") && e.contains("server.body_limit_bytes"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn duplicate_instance_names_rejected() {
+        let text = r#"
+            [[pools]]
+            model = "m"
+            instances = [{ url = "http://127.0.0.1:1" }, { url = "http://127.0.0.1:1" }]
+        "#;
+        let c = Config::from_toml_str(text, "t").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("pools[0].instances[1].name"), "{e}");
+    }
+}

@@ -1,0 +1,84 @@
+//! `[[pools]]`: the instances the gateway fronts, grouped by the model they serve; and `[sim]`,
+//! the embedded simulated fleet used when no pool is configured.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Which engine family an instance is: decides metric names for load scraping.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Flavour {
+    /// vLLM (`vllm:*` metrics). Also fine for any OpenAI-compatible server.
+    #[default]
+    Vllm,
+    /// SGLang (`sglang:*` metrics).
+    Sglang,
+}
+
+/// One `[[pools]]` entry: instances serving one model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Model name clients send in `model`.
+    pub model: String,
+    /// Engine KV block size in tokens (token mode); default 16.
+    #[serde(default)]
+    pub block_size: Option<u32>,
+    /// `tokenizer.json` for token mode; absent = the built-in tokenizer.
+    #[serde(default)]
+    pub tokenizer: Option<PathBuf>,
+    /// Chat template (Jinja) for token mode; absent = the built-in template.
+    #[serde(default)]
+    pub chat_template: Option<PathBuf>,
+    /// Engine family.
+    #[serde(default)]
+    pub flavour: Flavour,
+    /// The instances.
+    pub instances: Vec<InstanceConfig>,
+}
+
+/// One instance (engine endpoint) in a pool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceConfig {
+    /// Unique name, used in logs, metrics labels and the `x-kvgate-instance` header.
+    /// Default: the URL's `host:port`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Base URL, `http://host:port`.
+    pub url: String,
+    /// ZMQ endpoint of the engine's KV event publisher (e.g. `tcp://10.0.0.5:5557`).
+    #[serde(default)]
+    pub kv_events: Option<String>,
+    /// ZMQ endpoint of the engine's KV event replay socket.
+    #[serde(default)]
+    pub kv_replay: Option<String>,
+    /// KV event topic filter.
+    #[serde(default)]
+    pub kv_topic: Option<String>,
+    /// KV cache capacity in blocks, when the engine does not report it.
+    #[serde(default)]
+    pub capacity_blocks: Option<u64>,
+}
+
+/// `[sim]` section: the embedded simulated fleet started when no pool is configured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SimConfig {
+    /// Number of simulated engines.
+    pub engines: usize,
+    /// Model name they serve.
+    pub model: String,
+    /// KV block size in tokens.
+    pub block_size: u32,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            engines: 4,
+            model: "kvgate-sim".to_string(),
+            block_size: 16,
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! `[routing]`: how prompts are hashed, how the placement index is bounded, which policy decides.
+
+use serde::{Deserialize, Serialize};
+
+/// How a prompt becomes block hashes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HashMode {
+    /// Token mode for pools with a tokenizer (and the embedded simulated fleet), text mode otherwise.
+    Auto,
+    /// Fixed-size byte blocks of a canonical rendering: works with any backend, no tokenizer.
+    Text,
+    /// Token ids in the engine's block size: exact, matches engine KV events. Needs a tokenizer.
+    Token,
+}
+
+impl std::str::FromStr for HashMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(HashMode::Auto),
+            "text" => Ok(HashMode::Text),
+            "token" => Ok(HashMode::Token),
+            other => Err(format!("expected `auto`, `text` or `token`, got `{other}`")),
+        }
+    }
+}
+
+/// `[routing.index]`: bounds of the KV placement index (maps to `kvgate_core::index::IndexConfig`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IndexSection {
+    /// Lock shards (rounded up to a power of two): more shards, less contention.
+    pub shards: usize,
+    /// Global cap on (block, instance) entries.
+    pub max_entries: usize,
+    /// Per-instance cap on entries when the engine's cache size is unknown.
+    pub default_instance_capacity: usize,
+    /// How often expired predictions are swept (off the request path).
+    pub expire_interval_ms: u64,
+}
+
+impl Default for IndexSection {
+    fn default() -> Self {
+        Self {
+            shards: 64,
+            max_entries: 8_000_000,
+            default_instance_capacity: 262_144,
+            expire_interval_ms: 1_000,
+        }
+    }
+}
+
+impl IndexSection {
+    /// The core's index configuration.
+    pub fn to_core(&self) -> kvgate_core::index::IndexConfig {
+        kvgate_core::index::IndexConfig {
+            shards: self.shards,
+            max_entries: self.max_entries,
+            default_instance_capacity: self.default_instance_capacity,
+        }
+    }
+}
+
+/// `[routing]` section.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RoutingConfig {
+    /// The routing policy and its parameters (`[routing.policy]`).
+    pub policy: kvgate_core::policy::PolicyConfig,
+    /// Prompt hashing mode.
+    pub hash_mode: HashMode,
+    /// Text mode: bytes per block of the canonical prompt rendering.
+    pub text_block_bytes: usize,
+    /// Text mode: assumed bytes per token, to estimate prompt tokens for cost scoring.
+    pub text_bytes_per_token: u32,
+    /// How long a routing decision counts as "the chosen instance holds these blocks" unless an
+    /// engine event confirms or contradicts it.
+    pub predicted_ttl_ms: u64,
+    /// Recent decisions kept for `/admin/decisions`.
+    pub decision_log_size: usize,
+    /// Starting prefill rate of every instance (tokens/s) before observations refine it.
+    pub prefill_tokens_per_s: f64,
+    /// Starting decode interference (ms added to TTFT per decoding sequence).
+    pub decode_interference_ms: f64,
+    /// Placement index bounds.
+    pub index: IndexSection,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        Self {
+            policy: kvgate_core::policy::PolicyConfig::default(),
+            hash_mode: HashMode::Auto,
+            text_block_bytes: 128,
+            text_bytes_per_token: 4,
+            predicted_ttl_ms: 120_000,
+            decision_log_size: 256,
+            prefill_tokens_per_s: 8_000.0,
+            decode_interference_ms: 0.5,
+            index: IndexSection::default(),
+        }
+    }
+}

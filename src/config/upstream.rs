@@ -1,0 +1,95 @@
+//! `[upstream]`: how the gateway talks to instances; `[health]`: how it decides they are usable;
+//! `[load]`: how it reads their own load reports.
+
+use serde::{Deserialize, Serialize};
+
+/// `[upstream]` section.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// TCP connect timeout per attempt.
+    pub connect_timeout_ms: u64,
+    /// Time allowed from sending the request until the response headers arrive.
+    pub first_byte_timeout_ms: u64,
+    /// Longest silence allowed between two chunks of a response body.
+    pub idle_timeout_ms: u64,
+    /// Idle keep-alive connections kept per instance.
+    pub pool_max_idle_per_host: usize,
+    /// How long an idle keep-alive connection is kept.
+    pub pool_idle_timeout_ms: u64,
+    /// Attempts per request, on distinct instances (1 disables retries). Retries happen only on
+    /// connect failures and 502/503 answers, and only before anything reached the client.
+    pub max_attempts: u32,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout_ms: 1_000,
+            first_byte_timeout_ms: 300_000,
+            idle_timeout_ms: 120_000,
+            pool_max_idle_per_host: 256,
+            pool_idle_timeout_ms: 90_000,
+            max_attempts: 3,
+        }
+    }
+}
+
+/// `[health]` section.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthConfig {
+    /// Interval between active checks (`GET <instance>/health`) of every instance.
+    pub interval_ms: u64,
+    /// Timeout of one active check.
+    pub timeout_ms: u64,
+    /// Consecutive failed checks that mark a healthy instance unhealthy.
+    pub unhealthy_threshold: u32,
+    /// Consecutive successful checks that mark an unhealthy instance healthy again.
+    pub healthy_threshold: u32,
+    /// Consecutive connect failures on the request path that eject an instance.
+    pub passive_failure_threshold: u32,
+    /// How long a passively ejected instance is skipped (an active success ends it sooner).
+    pub eject_ms: u64,
+    /// How often `/v1/models` of every instance is re-read for the union the gateway serves.
+    pub models_refresh_ms: u64,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: 2_000,
+            timeout_ms: 1_000,
+            unhealthy_threshold: 2,
+            healthy_threshold: 2,
+            passive_failure_threshold: 3,
+            eject_ms: 10_000,
+            models_refresh_ms: 30_000,
+        }
+    }
+}
+
+/// `[load]` section: scraping of engine-reported load (`/metrics`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoadConfig {
+    /// Scrape engine metrics at all.
+    pub enabled: bool,
+    /// Interval between scrapes of each instance.
+    pub poll_interval_ms: u64,
+    /// A scrape older than this is marked stale and ignored by scoring.
+    pub stale_after_ms: u64,
+    /// Timeout of one scrape.
+    pub timeout_ms: u64,
+}
+
+impl Default for LoadConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            poll_interval_ms: 1_000,
+            stale_after_ms: 5_000,
+            timeout_ms: 500,
+        }
+    }
+}

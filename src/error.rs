@@ -1,0 +1,237 @@
+//! The gateway's one error type and its single mapping to an HTTP response.
+//!
+//! Invariants:
+//! - Every error a client can see is a [`GatewayError`]; it becomes a response only in
+//!   [`GatewayError::into_response`], with an OpenAI-style body
+//!   `{"error": {"message", "type", "code"}}`.
+//! - Each variant records who is at fault ([`Fault`]) and whether retrying elsewhere is safe.
+//! - Messages may quote client input in the body, but never reach metric labels: labels use
+//!   [`GatewayError::code`], a bounded set.
+
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue, StatusCode};
+
+/// Who caused a failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The request was wrong.
+    Client,
+    /// An instance failed or was unreachable.
+    Upstream,
+    /// The gateway itself could not serve (no capacity, internal failure).
+    Gateway,
+}
+
+/// Everything that can go wrong serving a request.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The body is not JSON.
+    #[error("request body is not valid JSON: {0}")]
+    MalformedJson(String),
+    /// The body is JSON but not an object.
+    #[error("request body must be a JSON object")]
+    NotAnObject,
+    /// `Content-Type` is not `application/json`.
+    #[error("unsupported content type `{0}`: send application/json")]
+    UnsupportedMediaType(String),
+    /// A required field is absent.
+    #[error("missing required field `{0}`")]
+    MissingField(&'static str),
+    /// A field has the wrong shape.
+    #[error("invalid field `{field}`: {message}")]
+    InvalidField {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// The body exceeds `server.body_limit_bytes`.
+    #[error("request body exceeds the limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// The limit.
+        limit: usize,
+    },
+    /// The client's body could not be read (it hung up, bad framing).
+    #[error("could not read the request body: {0}")]
+    BodyRead(String),
+    /// No pool serves this model.
+    #[error("the model `{0}` does not exist")]
+    UnknownModel(String),
+    /// No `model` while several pools exist.
+    #[error("missing required field `model`: this gateway serves several models")]
+    ModelRequired,
+    /// Every instance of the pool is unhealthy, ejected or already tried.
+    #[error("no healthy instance is available for model `{model}`")]
+    NoHealthyInstance {
+        /// The model.
+        model: String,
+    },
+    /// TCP connect to the chosen instance(s) failed.
+    #[error("could not connect to instance `{instance}`")]
+    UpstreamConnect {
+        /// The last instance tried.
+        instance: String,
+    },
+    /// The instance sent no response headers in time.
+    #[error("instance `{instance}` did not respond within {timeout_ms} ms")]
+    UpstreamTimeout {
+        /// The instance.
+        instance: String,
+        /// The first-byte timeout.
+        timeout_ms: u64,
+    },
+    /// The instance broke the connection or HTTP framing.
+    #[error("instance `{instance}` failed: {message}")]
+    UpstreamProtocol {
+        /// The instance.
+        instance: String,
+        /// What happened.
+        message: String,
+    },
+    /// A path the gateway does not serve.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The gateway is shutting down or failed internally.
+    #[error("internal gateway error: {0}")]
+    Internal(String),
+}
+
+impl GatewayError {
+    /// HTTP status.
+    pub fn status(&self) -> StatusCode {
+        use GatewayError::*;
+        match self {
+            MalformedJson(_)
+            | NotAnObject
+            | MissingField(_)
+            | InvalidField { .. }
+            | ModelRequired
+            | BodyRead(_) => StatusCode::BAD_REQUEST,
+            UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            UnknownModel(_) | NotFound(_) => StatusCode::NOT_FOUND,
+            NoHealthyInstance { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            UpstreamConnect { .. } | UpstreamProtocol { .. } => StatusCode::BAD_GATEWAY,
+            UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// Who is at fault.
+    pub fn fault(&self) -> Fault {
+        use GatewayError::*;
+        match self {
+            MalformedJson(_)
+            | NotAnObject
+            | UnsupportedMediaType(_)
+            | MissingField(_)
+            | InvalidField { .. }
+            | PayloadTooLarge { .. }
+            | BodyRead(_)
+            | UnknownModel(_)
+            | ModelRequired
+            | NotFound(_) => Fault::Client,
+            UpstreamConnect { .. } | UpstreamTimeout { .. } | UpstreamProtocol { .. } => {
+                Fault::Upstream
+            }
+            NoHealthyInstance { .. } | Internal(_) => Fault::Gateway,
+        }
+    }
+
+    /// Whether the client may safely send the same request again (nothing was generated).
+    pub fn retry_safe(&self) -> bool {
+        matches!(
+            self,
+            GatewayError::NoHealthyInstance { .. } | GatewayError::UpstreamConnect { .. }
+        )
+    }
+
+    /// OpenAI error `type`.
+    pub fn error_type(&self) -> &'static str {
+        match self.fault() {
+            Fault::Client => "invalid_request_error",
+            Fault::Upstream => "upstream_error",
+            Fault::Gateway => "service_unavailable",
+        }
+    }
+
+    /// Stable machine-readable `code`; also the bounded metric label for this error.
+    pub fn code(&self) -> &'static str {
+        use GatewayError::*;
+        match self {
+            MalformedJson(_) => "malformed_json",
+            NotAnObject => "body_not_object",
+            UnsupportedMediaType(_) => "unsupported_media_type",
+            MissingField(_) => "missing_field",
+            InvalidField { .. } => "invalid_field",
+            PayloadTooLarge { .. } => "payload_too_large",
+            BodyRead(_) => "body_read_failed",
+            UnknownModel(_) => "model_not_found",
+            ModelRequired => "model_required",
+            NoHealthyInstance { .. } => "no_healthy_instance",
+            UpstreamConnect { .. } => "upstream_connect_failed",
+            UpstreamTimeout { .. } => "upstream_timeout",
+            UpstreamProtocol { .. } => "upstream_protocol_error",
+            NotFound(_) => "not_found",
+            Internal(_) => "internal_error",
+        }
+    }
+
+    /// The OpenAI-style JSON body.
+    pub fn body(&self) -> String {
+        serde_json::json!({
+            "error": {
+                "message": self.to_string(),
+                "type": self.error_type(),
+                "code": self.code(),
+            }
+        })
+        .to_string()
+    }
+}
+
+/// Seconds a client should wait before retrying after a 503.
+const RETRY_AFTER_SECS: &str = "1";
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status(), self.body()).into_response();
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if self.status() == StatusCode::SERVICE_UNAVAILABLE {
+            h.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_static(RETRY_AFTER_SECS),
+            );
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_healthy_instance_is_503_with_retry_after() {
+        let e = GatewayError::NoHealthyInstance { model: "m".into() };
+        assert_eq!(e.fault(), Fault::Gateway);
+        assert!(e.retry_safe());
+        let r = e.into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+    }
+
+    #[test]
+    fn body_is_openai_shaped() {
+        let e = GatewayError::UnknownModel("x".into());
+        let v: serde_json::Value = serde_json::from_str(&e.body()).unwrap();
+        assert_eq!(v["error"]["code"], "model_not_found");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert!(v["error"]["message"].as_str().unwrap().contains("`x`"));
+        assert_eq!(e.status(), StatusCode::NOT_FOUND);
+    }
+}

@@ -1,0 +1,215 @@
+//! Background probing of instances: active health checks, `/v1/models` refresh and engine load
+//! scrapes. Each loop runs until its cancellation token fires.
+//!
+//! Invariants:
+//! - Probes of one round run concurrently, each bounded by its timeout, so one slow instance never
+//!   delays the others' verdicts beyond one timeout.
+//! - These loops are the only writers of active health verdicts, engine load and the models cache.
+
+use super::health::Streak;
+use super::{models, scrape, Fleet};
+use crate::client::HttpClient;
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::metrics;
+use futures_util::future::join_all;
+use kvgate_core::index::PlacementIndex;
+use kvgate_core::load::EngineLoad;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Largest `/metrics` or `/v1/models` body read from an instance.
+const PROBE_BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+/// Everything a probing loop needs.
+#[derive(Clone)]
+pub struct Probe {
+    /// The fleet.
+    pub fleet: Arc<Fleet>,
+    /// The shared client.
+    pub client: HttpClient,
+    /// Config.
+    pub config: Arc<Config>,
+    /// The clock.
+    pub clock: Clock,
+    /// The placement index (engine-reported capacities go there).
+    pub index: Arc<PlacementIndex>,
+}
+
+/// Spawns every probing loop; they stop when `token` is cancelled.
+pub fn spawn(probe: Probe, token: CancellationToken) -> Vec<tokio::task::JoinHandle<()>> {
+    for inst in probe.fleet.instances() {
+        metrics::set_instance_healthy(&inst.name, true);
+        if let Some(c) = inst.capacity() {
+            probe.index.set_instance_capacity(inst.id, c as usize);
+        }
+    }
+    let mut handles = vec![
+        tokio::spawn(health_loop(probe.clone(), token.clone())),
+        tokio::spawn(models_loop(probe.clone(), token.clone())),
+    ];
+    if probe.config.load.enabled {
+        handles.push(tokio::spawn(scrape_loop(probe, token)));
+    }
+    handles
+}
+
+fn ticker(ms: u64) -> tokio::time::Interval {
+    let mut t = tokio::time::interval(Duration::from_millis(ms));
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    t
+}
+
+async fn health_loop(p: Probe, token: CancellationToken) {
+    let h = &p.config.health;
+    let timeout = Duration::from_millis(h.timeout_ms);
+    let mut streaks = vec![Streak::default(); p.fleet.instances().len()];
+    let mut tick = ticker(h.interval_ms);
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let checks = p.fleet.instances().iter().map(|inst| {
+            let client = p.client.clone();
+            async move {
+                let Ok(uri) = inst.uri("/health") else { return false };
+                matches!(client.get_bytes(uri, timeout, 64 * 1024).await, Ok((s, _)) if s.is_success())
+            }
+        });
+        let results = tokio::select! {
+            _ = token.cancelled() => return,
+            r = join_all(checks) => r,
+        };
+        let now = p.clock.now_ms();
+        for ((inst, ok), streak) in p
+            .fleet
+            .instances()
+            .iter()
+            .zip(results)
+            .zip(streaks.iter_mut())
+        {
+            let was_usable = inst.health.usable(now);
+            if let Some(v) = streak.observe(
+                ok,
+                inst.health.active_ok(),
+                h.healthy_threshold,
+                h.unhealthy_threshold,
+            ) {
+                if v {
+                    tracing::info!(instance = %inst.name, "instance healthy again");
+                } else {
+                    tracing::warn!(instance = %inst.name, "instance unhealthy: /health failed {} times", h.unhealthy_threshold);
+                }
+                inst.health.set_active(v);
+            } else if ok && inst.health.active_ok() && inst.health.ejected(now) {
+                // A passing check proves the instance accepts connections again.
+                tracing::info!(instance = %inst.name, "ejected instance answers /health; ending ejection");
+                inst.health.set_active(true);
+            }
+            let usable = inst.health.usable(now);
+            if usable != was_usable || !usable {
+                metrics::set_instance_healthy(&inst.name, usable);
+            } else {
+                metrics::set_instance_healthy(&inst.name, true);
+            }
+        }
+    }
+}
+
+async fn models_loop(p: Probe, token: CancellationToken) {
+    let timeout = Duration::from_millis(p.config.health.timeout_ms.max(1_000));
+    let mut tick = ticker(p.config.health.models_refresh_ms);
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now = p.clock.now_ms();
+        let fetches = p.fleet.instances().iter().filter(|i| i.health.usable(now)).map(|inst| {
+            let client = p.client.clone();
+            async move {
+                let uri = inst.uri("/v1/models").ok()?;
+                match client.get_bytes(uri, timeout, PROBE_BODY_LIMIT).await {
+                    Ok((s, body)) if s.is_success() => match models::parse_list(&body) {
+                        Ok(list) => Some((inst.pool, list)),
+                        Err(e) => {
+                            tracing::debug!(instance = %inst.name, error = %e, "unreadable /v1/models");
+                            None
+                        }
+                    },
+                    _ => None,
+                }
+            }
+        });
+        let answers: Vec<_> = tokio::select! {
+            _ = token.cancelled() => return,
+            r = join_all(fetches) => r.into_iter().flatten().collect(),
+        };
+        let (body, discovered) = models::union(p.fleet.pools(), &answers);
+        p.fleet.models_cache().set(body);
+        p.fleet.set_discovered(discovered);
+    }
+}
+
+async fn scrape_loop(p: Probe, token: CancellationToken) {
+    let timeout = Duration::from_millis(p.config.load.timeout_ms);
+    let mut tick = ticker(p.config.load.poll_interval_ms);
+    let mut warned = vec![false; p.fleet.instances().len()];
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let scrapes = p.fleet.instances().iter().map(|inst| {
+            let client = p.client.clone();
+            async move {
+                let uri = inst.uri("/metrics").ok()?;
+                match client.get_bytes(uri, timeout, PROBE_BODY_LIMIT).await {
+                    Ok((s, body)) if s.is_success() => {
+                        let text = std::str::from_utf8(&body).ok()?;
+                        Some(scrape::parse_metrics(text, inst.flavour))
+                    }
+                    _ => None,
+                }
+            }
+        });
+        let results = tokio::select! {
+            _ = token.cancelled() => return,
+            r = join_all(scrapes) => r,
+        };
+        let now = p.clock.now_ms();
+        for ((inst, res), warned) in p
+            .fleet
+            .instances()
+            .iter()
+            .zip(results)
+            .zip(warned.iter_mut())
+        {
+            let Some(s) = res.filter(|s| s.found) else {
+                if !*warned {
+                    tracing::debug!(instance = %inst.name, "no engine load metrics; scoring uses router-tracked load only");
+                    *warned = true;
+                }
+                continue;
+            };
+            *inst.engine.lock() = Some(EngineLoad {
+                running: s.running,
+                waiting: s.waiting,
+                kv_usage: s.kv_usage,
+                at: now,
+                stale: false,
+            });
+            if let Some(c) = s.capacity_blocks {
+                // Configured capacity wins over the engine's report.
+                if inst.config.capacity_blocks.is_none()
+                    && inst.capacity_blocks.swap(c, Ordering::Relaxed) != c
+                {
+                    p.index.set_instance_capacity(inst.id, c as usize);
+                }
+            }
+        }
+    }
+}

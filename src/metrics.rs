@@ -1,0 +1,187 @@
+//! Every metric the gateway exports: names, help texts and histogram buckets, in one file.
+//!
+//! Invariants:
+//! - Label values come from bounded sets only: configured pool models and instance names, route
+//!   names, status classes, error codes ([`crate::error::GatewayError::code`]), policy names and
+//!   decision reasons. Never prompt text, request ids or error messages.
+//! - The Prometheus recorder is process-global (the `metrics` facade allows one); [`install`] is
+//!   idempotent so several gateways in one test process share it.
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::sync::OnceLock;
+
+/// Requests answered, by route, pool, instance and status class.
+pub const REQUESTS: &str = "kvgate_requests_total";
+/// Request duration from arrival to the end of the response body, by route and pool.
+pub const REQUEST_DURATION: &str = "kvgate_request_duration_seconds";
+/// Time from arrival to the first response body chunk of streaming requests, by pool and instance.
+pub const TTFT: &str = "kvgate_time_to_first_token_seconds";
+/// Upstream failures by instance and cause.
+pub const UPSTREAM_ERRORS: &str = "kvgate_upstream_errors_total";
+/// Requests in flight per instance.
+pub const IN_FLIGHT: &str = "kvgate_in_flight_requests";
+/// Retries on another instance, by pool and cause.
+pub const RETRIES: &str = "kvgate_retries_total";
+/// Requests rejected by the gateway itself, by error code.
+pub const REJECTED: &str = "kvgate_rejected_requests_total";
+/// Instance health (1 usable, 0 unhealthy or ejected).
+pub const INSTANCE_HEALTHY: &str = "kvgate_instance_healthy";
+/// Passive ejections after consecutive connect failures.
+pub const EJECTIONS: &str = "kvgate_instance_ejections_total";
+/// Fraction of a prompt's blocks the chosen instance held.
+pub const MATCHED_PREFIX_RATIO: &str = "kvgate_routing_matched_prefix_ratio";
+/// Time to hash a prompt and decide where it goes.
+pub const DECISION_DURATION: &str = "kvgate_routing_decision_duration_seconds";
+/// Decisions by policy and reason.
+pub const DECISIONS: &str = "kvgate_routing_decisions_total";
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+const TTFT_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 60.0,
+];
+const RATIO_BUCKETS: &[f64] = &[0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1.0];
+const DECISION_BUCKETS: &[f64] = &[
+    0.000_002, 0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.005,
+];
+
+static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
+
+/// Installs the Prometheus recorder once per process and returns its handle.
+pub fn install() -> Result<PrometheusHandle, String> {
+    HANDLE.get_or_init(build).clone()
+}
+
+fn build() -> Result<PrometheusHandle, String> {
+    let mut b = PrometheusBuilder::new();
+    for (name, buckets) in [
+        (REQUEST_DURATION, LATENCY_BUCKETS),
+        (TTFT, TTFT_BUCKETS),
+        (MATCHED_PREFIX_RATIO, RATIO_BUCKETS),
+        (DECISION_DURATION, DECISION_BUCKETS),
+    ] {
+        b = b
+            .set_buckets_for_metric(Matcher::Full(name.to_string()), buckets)
+            .map_err(|e| e.to_string())?;
+    }
+    let handle = b.install_recorder().map_err(|e| e.to_string())?;
+    describe_counter!(
+        REQUESTS,
+        "Requests answered, by route, pool, instance and status class."
+    );
+    describe_histogram!(
+        REQUEST_DURATION,
+        metrics::Unit::Seconds,
+        "Request duration from arrival to the end of the response body."
+    );
+    describe_histogram!(
+        TTFT,
+        metrics::Unit::Seconds,
+        "Time from arrival to the first streamed response chunk."
+    );
+    describe_counter!(UPSTREAM_ERRORS, "Upstream failures by instance and cause.");
+    describe_gauge!(IN_FLIGHT, "Requests in flight per instance.");
+    describe_counter!(RETRIES, "Retries on another instance, by pool and cause.");
+    describe_counter!(REJECTED, "Requests rejected by the gateway, by error code.");
+    describe_gauge!(
+        INSTANCE_HEALTHY,
+        "1 when the instance receives traffic, 0 when unhealthy or ejected."
+    );
+    describe_counter!(
+        EJECTIONS,
+        "Passive ejections after consecutive connect failures."
+    );
+    describe_histogram!(
+        MATCHED_PREFIX_RATIO,
+        "Fraction of the prompt's blocks held by the chosen instance."
+    );
+    describe_histogram!(
+        DECISION_DURATION,
+        metrics::Unit::Seconds,
+        "Time to hash a prompt and choose an instance."
+    );
+    describe_counter!(DECISIONS, "Routing decisions by policy and reason.");
+    Ok(handle)
+}
+
+/// HTTP status class label (`2xx`, `4xx`, ...); `cancelled` when the client went away first.
+pub fn status_class(status: u16) -> &'static str {
+    match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// One finished (or abandoned) proxied request.
+pub fn record_request(
+    route: &'static str,
+    pool: &str,
+    instance: &str,
+    class: &'static str,
+    seconds: f64,
+) {
+    counter!(REQUESTS, "route" => route, "pool" => pool.to_string(), "instance" => instance.to_string(), "status" => class).increment(1);
+    histogram!(REQUEST_DURATION, "route" => route, "pool" => pool.to_string()).record(seconds);
+}
+
+/// A request the gateway rejected before choosing an instance.
+pub fn record_rejected(route: &'static str, code: &'static str, class: &'static str) {
+    counter!(REJECTED, "route" => route, "code" => code).increment(1);
+    counter!(REQUESTS, "route" => route, "pool" => "", "instance" => "", "status" => class)
+        .increment(1);
+}
+
+/// First streamed chunk.
+pub fn record_ttft(pool: &str, instance: &str, seconds: f64) {
+    histogram!(TTFT, "pool" => pool.to_string(), "instance" => instance.to_string())
+        .record(seconds);
+}
+
+/// An upstream failure; `cause` is one of `connect`, `timeout`, `status_5xx`, `protocol`,
+/// `idle_timeout`, `body`.
+pub fn record_upstream_error(instance: &str, cause: &'static str) {
+    counter!(UPSTREAM_ERRORS, "instance" => instance.to_string(), "cause" => cause).increment(1);
+}
+
+/// A retry on another instance.
+pub fn record_retry(pool: &str, cause: &'static str) {
+    counter!(RETRIES, "pool" => pool.to_string(), "cause" => cause).increment(1);
+}
+
+/// In-flight gauge delta for an instance.
+pub fn add_in_flight(instance: &str, delta: f64) {
+    gauge!(IN_FLIGHT, "instance" => instance.to_string()).increment(delta);
+}
+
+/// Current health of an instance.
+pub fn set_instance_healthy(instance: &str, usable: bool) {
+    gauge!(INSTANCE_HEALTHY, "instance" => instance.to_string()).set(if usable {
+        1.0
+    } else {
+        0.0
+    });
+}
+
+/// A passive ejection.
+pub fn record_ejection(instance: &str) {
+    counter!(EJECTIONS, "instance" => instance.to_string()).increment(1);
+}
+
+/// One routing decision.
+pub fn record_decision(
+    policy: &'static str,
+    reason: &'static str,
+    matched_ratio: Option<f64>,
+    seconds: f64,
+) {
+    counter!(DECISIONS, "policy" => policy, "reason" => reason).increment(1);
+    histogram!(DECISION_DURATION, "policy" => policy).record(seconds);
+    if let Some(r) = matched_ratio {
+        histogram!(MATCHED_PREFIX_RATIO, "policy" => policy).record(r);
+    }
+}

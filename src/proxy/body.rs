@@ -1,0 +1,214 @@
+//! The response body relayed to the client: upstream frames passed through one by one.
+//!
+//! Invariants:
+//! - No buffering: each upstream frame is yielded as soon as it arrives (SSE stays live).
+//! - The first data frame marks time to first token and advances the load guard; the end of the
+//!   body, an upstream error, an idle timeout or the client going away (the body is dropped)
+//!   finishes the request exactly once: load released, metrics recorded.
+//! - Dropping this body drops the upstream response, which closes the upstream connection if it was
+//!   mid-body — that is how a client disconnect stops the engine's generation.
+
+use crate::app::AppState;
+use crate::metrics;
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use kvgate_core::load::LoadGuard;
+use kvgate_core::InstanceId;
+use pin_project_lite::pin_project;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+/// Boxed error type of the relayed body.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Error yielded when the upstream goes silent for longer than the idle timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("upstream idle for more than {0:?}")]
+pub struct IdleTimeout(Duration);
+
+/// How a relayed response ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    Complete,
+    UpstreamError,
+    Idle,
+    ClientGone,
+}
+
+/// Per-request accounting carried by the body; finishes on end or drop.
+pub struct Tracker {
+    state: AppState,
+    instance: InstanceId,
+    route: &'static str,
+    guard: Option<LoadGuard>,
+    started: Instant,
+    stream: bool,
+    uncached_tokens: u64,
+    status: u16,
+    first_seen: bool,
+    finished: bool,
+}
+
+impl Tracker {
+    /// Starts accounting for a response from `instance` (in-flight gauge goes up now).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        state: AppState,
+        instance: InstanceId,
+        route: &'static str,
+        guard: LoadGuard,
+        started: Instant,
+        stream: bool,
+        uncached_tokens: u64,
+        status: u16,
+    ) -> Self {
+        metrics::add_in_flight(&state.fleet.instance(instance).name, 1.0);
+        Self {
+            state,
+            instance,
+            route,
+            guard: Some(guard),
+            started,
+            stream,
+            uncached_tokens,
+            status,
+            first_seen: false,
+            finished: false,
+        }
+    }
+
+    fn on_first_data(&mut self) {
+        self.first_seen = true;
+        if let Some(g) = self.guard.as_mut() {
+            g.first_token();
+        }
+        if self.stream {
+            let elapsed = self.started.elapsed();
+            let inst = self.state.fleet.instance(self.instance);
+            let pool = &self.state.fleet.pools()[inst.pool].model;
+            let ms = elapsed.as_secs_f64() * 1e3;
+            metrics::record_ttft(pool, &inst.name, elapsed.as_secs_f64());
+            inst.ttft.observe(ms);
+            self.state
+                .routing
+                .observe_ttft(self.instance, self.uncached_tokens, ms);
+        }
+    }
+
+    fn finish(&mut self, end: End) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        drop(self.guard.take());
+        let inst = self.state.fleet.instance(self.instance);
+        let pool = &self.state.fleet.pools()[inst.pool].model;
+        metrics::add_in_flight(&inst.name, -1.0);
+        let class = match end {
+            End::ClientGone => "cancelled",
+            _ => metrics::status_class(self.status),
+        };
+        match end {
+            End::UpstreamError => metrics::record_upstream_error(&inst.name, "body"),
+            End::Idle => metrics::record_upstream_error(&inst.name, "idle_timeout"),
+            End::ClientGone => {
+                tracing::debug!(instance = %inst.name, "client went away; upstream request dropped")
+            }
+            End::Complete => {}
+        }
+        metrics::record_request(
+            self.route,
+            pool,
+            &inst.name,
+            class,
+            self.started.elapsed().as_secs_f64(),
+        );
+    }
+}
+
+impl Drop for Tracker {
+    fn drop(&mut self) {
+        self.finish(End::ClientGone);
+    }
+}
+
+pin_project! {
+    /// The relayed body.
+    pub struct ProxyBody {
+        #[pin]
+        inner: Incoming,
+        #[pin]
+        idle: tokio::time::Sleep,
+        idle_after: Duration,
+        tracker: Tracker,
+    }
+}
+
+impl ProxyBody {
+    /// Relays `inner`, failing if it stays silent longer than `idle_after`.
+    pub fn new(inner: Incoming, idle_after: Duration, mut tracker: Tracker) -> Self {
+        if inner.is_end_stream() {
+            tracker.finish(End::Complete);
+        }
+        Self {
+            inner,
+            idle: tokio::time::sleep(idle_after),
+            idle_after,
+            tracker,
+        }
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        match this.inner.as_mut().poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if frame.is_data() {
+                    if !this.tracker.first_seen {
+                        this.tracker.on_first_data();
+                    }
+                    let deadline = tokio::time::Instant::now() + *this.idle_after;
+                    this.idle.as_mut().reset(deadline);
+                }
+                // With a known length the server stops polling after the last frame.
+                if this.inner.is_end_stream() {
+                    this.tracker.finish(End::Complete);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.tracker.finish(End::UpstreamError);
+                Poll::Ready(Some(Err(Box::new(e))))
+            }
+            Poll::Ready(None) => {
+                this.tracker.finish(End::Complete);
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                if this.idle.poll(cx).is_ready() {
+                    this.tracker.finish(End::Idle);
+                    return Poll::Ready(Some(Err(Box::new(IdleTimeout(*this.idle_after)))));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

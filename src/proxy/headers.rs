@@ -1,0 +1,131 @@
+//! Header handling at the proxy edge: hop-by-hop filtering, request ids, kvgate's own headers.
+//!
+//! Invariant: end-to-end headers pass through unchanged in both directions; only the hop-by-hop set
+//! of RFC 9110 §7.6.1 (plus any header the `Connection` header names) and `Host` are dropped.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// Response header: the instance that served the request.
+pub const X_INSTANCE: HeaderName = HeaderName::from_static("x-kvgate-instance");
+/// Response header: leading prompt blocks the chosen instance held.
+pub const X_MATCHED_BLOCKS: HeaderName = HeaderName::from_static("x-kvgate-matched-blocks");
+/// Response header: the policy's predicted time to first token on the chosen instance, in ms.
+pub const X_PREDICTED_TTFT: HeaderName = HeaderName::from_static("x-kvgate-predicted-ttft-ms");
+
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Removes hop-by-hop headers (and those listed in `Connection`) in place.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if let Some(conn) = headers.get(header::CONNECTION).cloned() {
+        if let Ok(list) = conn.to_str() {
+            for name in list.split(',') {
+                if let Ok(n) = HeaderName::from_bytes(name.trim().as_bytes()) {
+                    headers.remove(n);
+                }
+            }
+        }
+    }
+    for h in HOP_BY_HOP.iter() {
+        headers.remove(h);
+    }
+    headers.remove(HeaderName::from_static("proxy-connection"));
+}
+
+/// The client's request id if it sent a usable one, else a fresh one.
+pub fn request_id(headers: &HeaderMap, name: &HeaderName) -> HeaderValue {
+    if let Some(v) = headers.get(name) {
+        if !v.is_empty() && v.len() <= 256 {
+            return v.clone();
+        }
+    }
+    generate_id()
+}
+
+/// A process-unique id: a random per-process prefix and a counter (no syscall per request).
+fn generate_id() -> HeaderValue {
+    static PREFIX: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let prefix = *PREFIX.get_or_init(rand::random::<u64>);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let s = format!("{:016x}-{:08x}", prefix, n);
+    // Hex digits and '-' are always a valid header value.
+    HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static("kvgate"))
+}
+
+/// True when `Content-Type` is JSON (`application/json`, optionally with parameters).
+pub fn is_json(headers: &HeaderMap) -> Result<(), String> {
+    match headers.get(header::CONTENT_TYPE) {
+        None => Err("(none)".to_string()),
+        Some(v) => {
+            let s = v.to_str().map_err(|_| "(unprintable)".to_string())?;
+            let mime = s.split(';').next().unwrap_or("").trim();
+            if mime.eq_ignore_ascii_case("application/json")
+                || (mime.len() > 5
+                    && mime[..mime.len().min(12)].eq_ignore_ascii_case("application/")
+                    && mime.to_ascii_lowercase().ends_with("+json"))
+            {
+                Ok(())
+            } else {
+                Err(s.to_string())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_connection_listed_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("x-keep", HeaderValue::from_static("1"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-keep"));
+    }
+
+    #[test]
+    fn json_content_types() {
+        let mut h = HeaderMap::new();
+        assert!(is_json(&h).is_err());
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json; charset=utf-8"),
+        );
+        assert!(is_json(&h).is_ok());
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        assert!(is_json(&h).is_err());
+    }
+
+    #[test]
+    fn ids_are_kept_or_generated_unique() {
+        let name = HeaderName::from_static("x-request-id");
+        let mut h = HeaderMap::new();
+        let a = request_id(&h, &name);
+        let b = request_id(&h, &name);
+        assert_ne!(a, b);
+        h.insert(name.clone(), HeaderValue::from_static("abc"));
+        assert_eq!(request_id(&h, &name), "abc");
+    }
+}

@@ -1,0 +1,245 @@
+//! The proxied OpenAI endpoints: read the body once, route, forward the original bytes, relay the
+//! answer.
+//!
+//! Invariants:
+//! - The client's body is read once, under `server.body_limit_bytes`, and forwarded byte for byte;
+//!   only routing fields are parsed (see [`parse`]).
+//! - A request is retried on another instance only after a connect failure or a 502/503 answer —
+//!   both before anything was sent to the client — and at most `upstream.max_attempts` times in all.
+//!   Once response headers are relayed there is no retry.
+//! - Errors become responses only through [`GatewayError`]'s single mapping.
+
+pub mod body;
+pub mod headers;
+pub mod parse;
+
+use crate::app::AppState;
+use crate::client::SendError;
+use crate::error::{Fault, GatewayError};
+use crate::fleet::Pool;
+use crate::metrics;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use body::{ProxyBody, Tracker};
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use kvgate_core::InstanceId;
+use parse::Endpoint;
+use std::time::{Duration, Instant};
+
+/// `POST /v1/chat/completions`
+pub async fn chat(State(s): State<AppState>, req: Request) -> Response {
+    handle(s, Endpoint::Chat, req).await
+}
+/// `POST /v1/completions`
+pub async fn completions(State(s): State<AppState>, req: Request) -> Response {
+    handle(s, Endpoint::Completions, req).await
+}
+/// `POST /v1/embeddings`
+pub async fn embeddings(State(s): State<AppState>, req: Request) -> Response {
+    handle(s, Endpoint::Embeddings, req).await
+}
+/// `POST /v1/responses`
+pub async fn responses(State(s): State<AppState>, req: Request) -> Response {
+    handle(s, Endpoint::Responses, req).await
+}
+
+async fn handle(state: AppState, endpoint: Endpoint, req: Request) -> Response {
+    let started = Instant::now();
+    let rid = headers::request_id(req.headers(), &state.request_id_header);
+    let mut resp = match forward(&state, endpoint, req, &rid, started).await {
+        Ok(r) => r,
+        Err(e) => {
+            let status = e.status();
+            metrics::record_rejected(
+                endpoint.label(),
+                e.code(),
+                metrics::status_class(status.as_u16()),
+            );
+            match e.fault() {
+                Fault::Client => {
+                    tracing::debug!(request_id = ?rid, code = e.code(), "rejected: {e}")
+                }
+                _ => tracing::warn!(request_id = ?rid, code = e.code(), "failed: {e}"),
+            }
+            e.into_response()
+        }
+    };
+    resp.headers_mut()
+        .insert(state.request_id_header.clone(), rid);
+    resp
+}
+
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, GatewayError> {
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(GatewayError::PayloadTooLarge { limit })
+        }
+        Err(e) => Err(GatewayError::BodyRead(e.to_string())),
+    }
+}
+
+fn has_candidate(state: &AppState, pool: &Pool, tried: &[InstanceId]) -> bool {
+    let now = state.clock.now_ms();
+    pool.instances
+        .iter()
+        .any(|id| !tried.contains(id) && state.fleet.instance(*id).health.usable(now))
+}
+
+async fn forward(
+    state: &AppState,
+    endpoint: Endpoint,
+    req: Request,
+    rid: &HeaderValue,
+    started: Instant,
+) -> Result<Response, GatewayError> {
+    let (parts, body) = req.into_parts();
+    headers::is_json(&parts.headers).map_err(GatewayError::UnsupportedMediaType)?;
+    let limit = state.config.server.body_limit_bytes;
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(GatewayError::PayloadTooLarge { limit });
+    }
+    let bytes = read_body(body, limit).await?;
+    let input = parse::parse(endpoint, &bytes)?;
+    let pool = state.fleet.pool_for(input.model.as_deref())?;
+    let prep = state.routing.prepare(pool, &input)?;
+    let stream = input.stream;
+    drop(input);
+
+    let mut up_headers = parts.headers;
+    headers::strip_hop_by_hop(&mut up_headers);
+    up_headers.remove(header::HOST);
+    up_headers.insert(state.request_id_header.clone(), rid.clone());
+    let path_and_query: std::borrow::Cow<'static, str> = match parts.uri.query() {
+        Some(q) => format!("{}?{}", endpoint.path(), q).into(),
+        None => endpoint.path().into(),
+    };
+    let rid_str = rid.to_str().unwrap_or("");
+    let cfg = &state.config;
+    let first_byte = Duration::from_millis(cfg.upstream.first_byte_timeout_ms);
+    let max_attempts = cfg.upstream.max_attempts as usize;
+    let mut tried: Vec<InstanceId> = Vec::new();
+    loop {
+        let routed = match state
+            .routing
+            .decide(&state.fleet, pool, &prep, &tried, rid_str)
+        {
+            Ok(r) => r,
+            // Every usable instance was tried and refused connections: report that, not "none healthy".
+            Err(e @ GatewayError::NoHealthyInstance { .. }) => match tried.last() {
+                Some(&last) => {
+                    return Err(GatewayError::UpstreamConnect {
+                        instance: state.fleet.instance(last).name.clone(),
+                    })
+                }
+                None => return Err(e),
+            },
+            Err(e) => return Err(e),
+        };
+        let id = routed.decision.chosen;
+        let inst = state.fleet.instance(id);
+        let mut up = http::Request::new(Full::new(bytes.clone()));
+        *up.method_mut() = Method::POST;
+        *up.uri_mut() = inst.uri(&path_and_query)?;
+        *up.headers_mut() = up_headers.clone();
+        let sent = Instant::now();
+        match state.client.send(up, first_byte).await {
+            Ok(resp) => {
+                inst.health.record_success();
+                inst.header_latency
+                    .observe(sent.elapsed().as_secs_f64() * 1e3);
+                let status = resp.status();
+                if status == StatusCode::BAD_GATEWAY || status == StatusCode::SERVICE_UNAVAILABLE {
+                    metrics::record_upstream_error(&inst.name, "status_5xx");
+                    tried.push(id);
+                    if tried.len() < max_attempts && has_candidate(state, pool, &tried) {
+                        metrics::record_retry(&pool.model, "status");
+                        tracing::debug!(request_id = ?rid, instance = %inst.name, %status, "retrying on another instance");
+                        continue;
+                    }
+                }
+                return Ok(relay(state, endpoint, resp, routed, started, stream));
+            }
+            Err(SendError::Connect(msg)) => {
+                metrics::record_upstream_error(&inst.name, "connect");
+                let h = &cfg.health;
+                if inst.health.record_connect_failure(
+                    state.clock.now_ms(),
+                    h.passive_failure_threshold,
+                    h.eject_ms,
+                ) {
+                    metrics::record_ejection(&inst.name);
+                    metrics::set_instance_healthy(&inst.name, false);
+                    tracing::warn!(instance = %inst.name, "ejected for {} ms after repeated connect failures: {msg}", h.eject_ms);
+                }
+                tried.push(id);
+                if tried.len() < max_attempts && has_candidate(state, pool, &tried) {
+                    metrics::record_retry(&pool.model, "connect");
+                    continue;
+                }
+                return Err(GatewayError::UpstreamConnect {
+                    instance: inst.name.clone(),
+                });
+            }
+            Err(SendError::Timeout) => {
+                metrics::record_upstream_error(&inst.name, "timeout");
+                return Err(GatewayError::UpstreamTimeout {
+                    instance: inst.name.clone(),
+                    timeout_ms: cfg.upstream.first_byte_timeout_ms,
+                });
+            }
+            Err(e) => {
+                metrics::record_upstream_error(&inst.name, e.cause());
+                return Err(GatewayError::UpstreamProtocol {
+                    instance: inst.name.clone(),
+                    message: e.to_string(),
+                });
+            }
+        }
+    }
+}
+
+fn relay(
+    state: &AppState,
+    endpoint: Endpoint,
+    resp: http::Response<hyper::body::Incoming>,
+    routed: crate::routing::Routed,
+    started: Instant,
+    stream: bool,
+) -> Response {
+    let (mut parts, body) = resp.into_parts();
+    headers::strip_hop_by_hop(&mut parts.headers);
+    let d = &routed.decision;
+    let inst = state.fleet.instance(d.chosen);
+    parts
+        .headers
+        .insert(headers::X_INSTANCE, inst.name_header.clone());
+    parts.headers.insert(
+        headers::X_MATCHED_BLOCKS,
+        HeaderValue::from(d.matched_blocks),
+    );
+    if let Ok(v) = HeaderValue::from_str(&format!("{:.1}", d.predicted_cost_ms)) {
+        parts.headers.insert(headers::X_PREDICTED_TTFT, v);
+    }
+    let tracker = Tracker::new(
+        state.clone(),
+        d.chosen,
+        endpoint.label(),
+        routed.guard,
+        started,
+        stream,
+        routed.uncached_tokens,
+        parts.status.as_u16(),
+    );
+    let idle = Duration::from_millis(state.config.upstream.idle_timeout_ms);
+    let body = ProxyBody::new(body, idle, tracker);
+    Response::from_parts(parts, Body::new(body)).into_response()
+}

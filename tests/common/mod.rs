@@ -1,0 +1,343 @@
+//! Test harness: in-process mock OpenAI instances and a gateway on an ephemeral port.
+//!
+//! Mocks record every request they receive (path, headers, raw body), answer JSON, SSE streams with
+//! controllable delays or chosen error statuses on demand, toggle their `/health`, and notice when a
+//! stream they were sending is dropped (the client — the gateway — went away).
+#![allow(dead_code)]
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use http::{HeaderMap, StatusCode};
+use kvgate::config::{Config, InstanceConfig, PoolConfig};
+use parking_lot::Mutex;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// What a mock answers to the next proxied requests.
+#[derive(Clone, Debug)]
+pub enum Mode {
+    /// 200 with a small JSON body naming the mock.
+    Json,
+    /// SSE: `chunks` data events `delay` apart, then `[DONE]`.
+    Stream { chunks: usize, delay: Duration },
+    /// This status with an OpenAI-style error body.
+    Status(u16),
+    /// Sends `chunks` SSE events then breaks the connection.
+    DropMidStream { chunks: usize },
+    /// Waits this long before answering with JSON.
+    Slow(Duration),
+}
+
+/// One request a mock received.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+pub struct MockState {
+    pub name: String,
+    pub mode: Mutex<Mode>,
+    pub healthy: AtomicBool,
+    pub received: Mutex<Vec<Received>>,
+    pub streams_dropped: AtomicUsize,
+    pub streams_completed: AtomicUsize,
+    pub models: Mutex<Vec<String>>,
+    pub health_checks: AtomicUsize,
+}
+
+pub struct Mock {
+    pub addr: SocketAddr,
+    pub state: Arc<MockState>,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Mock {
+    pub async fn start(name: &str) -> Mock {
+        let state = Arc::new(MockState {
+            name: name.to_string(),
+            mode: Mutex::new(Mode::Json),
+            healthy: AtomicBool::new(true),
+            received: Mutex::new(Vec::new()),
+            streams_dropped: AtomicUsize::new(0),
+            streams_completed: AtomicUsize::new(0),
+            models: Mutex::new(vec!["m".to_string()]),
+            health_checks: AtomicUsize::new(0),
+        });
+        let app = axum::Router::new()
+            .route("/v1/chat/completions", post(proxied))
+            .route("/v1/completions", post(proxied))
+            .route("/v1/embeddings", post(proxied))
+            .route("/v1/responses", post(proxied))
+            .route("/health", get(health))
+            .route("/v1/models", get(models))
+            .route("/metrics", get(metrics))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        Mock {
+            addr,
+            state,
+            stop: Some(tx),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+    pub fn set_mode(&self, m: Mode) {
+        *self.state.mode.lock() = m;
+    }
+    pub fn set_healthy(&self, h: bool) {
+        self.state.healthy.store(h, Ordering::SeqCst);
+    }
+    pub fn received(&self) -> Vec<Received> {
+        self.state.received.lock().clone()
+    }
+    pub fn count(&self) -> usize {
+        self.state.received.lock().len()
+    }
+}
+
+impl Drop for Mock {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// An address nothing listens on (bound, then released).
+pub async fn dead_addr() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let a = l.local_addr().unwrap();
+    drop(l);
+    a
+}
+
+async fn health(State(s): State<Arc<MockState>>) -> StatusCode {
+    s.health_checks.fetch_add(1, Ordering::SeqCst);
+    if s.healthy.load(Ordering::SeqCst) {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+async fn models(State(s): State<Arc<MockState>>) -> Response {
+    let data: Vec<_> = s
+        .models
+        .lock()
+        .iter()
+        .map(|m| serde_json::json!({"id": m, "object": "model", "owned_by": s.name}))
+        .collect();
+    axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+async fn metrics() -> &'static str {
+    "vllm:num_requests_running{model_name=\"m\"} 1\nvllm:num_requests_waiting{model_name=\"m\"} 2\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.5\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1\n"
+}
+
+/// Marks a stream dropped unless it completed.
+struct StreamGuard {
+    state: Arc<MockState>,
+    done: bool,
+}
+
+impl StreamGuard {
+    fn finish(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        if self.done {
+            self.state.streams_completed.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.state.streams_dropped.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+async fn proxied(State(s): State<Arc<MockState>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    s.received.lock().push(Received {
+        path: parts.uri.to_string(),
+        headers: parts.headers,
+        body,
+    });
+    let mode = s.mode.lock().clone();
+    match mode {
+        Mode::Json => (
+            [("content-type", "application/json")],
+            format!(r#"{{"id":"x","object":"chat.completion","served_by":"{}"}}"#, s.name),
+        )
+            .into_response(),
+        Mode::Status(code) => (
+            StatusCode::from_u16(code).unwrap(),
+            [("content-type", "application/json")],
+            format!(r#"{{"error":{{"message":"mock {} failing","type":"server_error","code":{code}}}}}"#, s.name),
+        )
+            .into_response(),
+        Mode::Stream { chunks, delay } => sse(s.clone(), chunks, delay, false),
+        Mode::DropMidStream { chunks } => sse(s.clone(), chunks, Duration::from_millis(5), true),
+        Mode::Slow(d) => {
+            tokio::time::sleep(d).await;
+            (StatusCode::OK, [("content-type", "application/json")], "{}").into_response()
+        }
+    }
+}
+
+fn sse(s: Arc<MockState>, chunks: usize, delay: Duration, fail: bool) -> Response {
+    let stream = async_stream(s, chunks, delay, fail);
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(stream))
+        .unwrap()
+}
+
+fn async_stream(
+    s: Arc<MockState>,
+    chunks: usize,
+    delay: Duration,
+    fail: bool,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {
+    let guard = StreamGuard {
+        state: s,
+        done: false,
+    };
+    futures::stream::unfold((0usize, guard), move |(i, guard)| async move {
+        if i > chunks {
+            guard.finish();
+            return None;
+        }
+        if i > 0 {
+            tokio::time::sleep(delay).await;
+        }
+        if i == chunks {
+            if fail {
+                return Some((
+                    Err(std::io::Error::other("mock drops the stream")),
+                    (i + 1, guard),
+                ));
+            }
+            return Some((Ok(Bytes::from_static(b"data: [DONE]\n\n")), (i + 1, guard)));
+        }
+        let line = format!(
+            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i}\"}}}}]}}\n\n"
+        );
+        Some((Ok(Bytes::from(line)), (i + 1, guard)))
+    })
+}
+
+/// A config fronting `urls` as one pool of model `m`, with fast health checks.
+pub fn config_for(urls: &[String]) -> Config {
+    let mut c = Config::default();
+    c.health.interval_ms = 50;
+    c.health.timeout_ms = 500;
+    c.health.models_refresh_ms = 100;
+    c.load.poll_interval_ms = 100;
+    c.server.shutdown_grace_ms = 5_000;
+    c.pools = vec![PoolConfig {
+        model: "m".into(),
+        block_size: None,
+        tokenizer: None,
+        chat_template: None,
+        flavour: Default::default(),
+        instances: urls
+            .iter()
+            .enumerate()
+            .map(|(i, u)| InstanceConfig {
+                name: Some(format!("i{i}")),
+                url: u.clone(),
+                kv_events: None,
+                kv_replay: None,
+                kv_topic: None,
+                capacity_blocks: None,
+            })
+            .collect(),
+    }];
+    c
+}
+
+/// A running gateway.
+pub struct Gateway {
+    pub addr: SocketAddr,
+    pub state: kvgate::app::AppState,
+    stop: Option<oneshot::Sender<()>>,
+    pub join: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Gateway {
+    pub async fn start(cfg: Config) -> Gateway {
+        let state = kvgate::app::AppState::new(cfg).expect("gateway state");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = oneshot::channel::<()>();
+        let join = tokio::spawn(kvgate::app::run(listener, state.clone(), async move {
+            let _ = rx.await;
+        }));
+        Gateway {
+            addr,
+            state,
+            stop: Some(tx),
+            join: Some(join),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Signals shutdown (the serve loop then drains).
+    pub fn shutdown(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(15))
+        .build()
+        .unwrap()
+}
+
+/// Polls `f` every 20 ms until it is true or `secs` elapse; returns the last value.
+pub async fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if f() {
+            return true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#;
