@@ -8,6 +8,10 @@
 //!   for it.
 //! - Rate estimates start at configured values and move by bounded EWMA steps from observations.
 
+mod rates;
+
+pub use rates::{RateConfig, RateEstimator};
+
 use crate::{InstanceId, Millis};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -122,8 +122,8 @@ pub struct KvgateParams {
     /// Base price of recomputing blocks another instance holds, as a multiple of the recompute
     /// time. Default 1.0.
     pub fleet_weight: f64,
-    /// Added to the price per request waiting for its first token on the average instance
-    /// (the requests a redundant recompute delays). Default 0.5.
+    /// Added to the price per request waiting for its first token on the candidate (how many
+    /// requests a recompute there delays grows with its queue). Default 0.5.
     pub fleet_load_weight: f64,
     /// Upper bound of the total price multiplier, so a deep queue can never pin traffic to a
     /// hot instance forever. Default 8.0.

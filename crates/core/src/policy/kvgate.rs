@@ -10,18 +10,21 @@
 //! queued_c   = max(router pending prefill tokens, engine waiting × engine_waiting_tokens)
 //! ttft_c     = (queued_c + uncached_c) / r_c + decode_interference_c × decoding_c
 //! redo_c     = min((max_k credit_k − credit_c)·tpb, prompt_tokens)   (recompute beyond the best match)
-//! fleet_c    = redo_c / r_c × φ,   φ = min(fleet_weight + fleet_load_weight × w̄, fleet_max_factor)
+//! fleet_c    = redo_c / r_c × φ_c,   φ_c = min(fleet_weight + fleet_load_weight × w_c, fleet_max_factor)
 //! cost_c     = ttft_c + fleet_c
 //! ```
 //!
-//! `w̄` is the fleet's mean number of requests still waiting for their first token per instance.
+//! `w_c` is the number of requests waiting for their first token on `c` (router-tracked, or the
+//! engine's fresh waiting queue if larger).
 //!
 //! Why each term:
 //! - `ttft_c` is what this request waits there. Blocks every instance holds (a shared system prompt)
 //!   reduce every `uncached_c` equally and cancel out, so load decides: no funnelling.
 //! - `fleet_c` is what this choice costs everyone else: prefill work the fleet already did once and
-//!   would redo here. Work redone on `c` delays the requests that queue behind it there; the number
-//!   of such requests grows with load, hence `φ` grows with `w̄`. A TTFT-only greedy choice trades
+//!   would redo here. Work redone on `c` delays the requests that queue behind it there, and how
+//!   many will queue there grows with its queue, hence `φ_c` grows with `w_c`: recomputing on an
+//!   idle instance is cheap for the fleet, recomputing when every queue is deep (overload) is
+//!   priced up to `fleet_max_factor` times the work. A TTFT-only greedy choice trades
 //!   cache hits for a shorter queue until total prefill work outgrows the fleet; pricing redundant
 //!   work higher as queues fill keeps the hit ratio as load rises.
 //! - A hot prefix still spreads to a second instance when the holder's queue costs more than
@@ -95,11 +98,6 @@ impl Kvgate {
             .iter()
             .map(|c| self.credit(c))
             .fold(0.0, f64::max);
-        let n = candidates.len().max(1) as f64;
-        let mean_waiting = candidates.iter().map(Self::waiting).sum::<f64>() / n;
-        let phi = (p.fleet_weight + p.fleet_load_weight * mean_waiting)
-            .min(p.fleet_max_factor)
-            .max(0.0);
         out.extend(candidates.iter().map(|c| {
             let rate_per_ms = c.rates.prefill_tokens_per_s.max(1.0) / 1000.0;
             let credit = self.credit(c);
@@ -112,6 +110,8 @@ impl Kvgate {
             let ttft_ms = (queued + uncached) / rate_per_ms
                 + c.rates.decode_interference_ms.max(0.0) * decoding;
             let redo = ((best - credit) * tpb).clamp(0.0, prompt);
+            let phi = (p.fleet_weight + p.fleet_load_weight * Self::waiting(c))
+                .clamp(0.0, p.fleet_max_factor.max(0.0));
             KvgateTerms {
                 ttft_ms,
                 fleet_ms: redo / rate_per_ms * phi,

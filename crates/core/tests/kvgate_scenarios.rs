@@ -1,0 +1,210 @@
+//! The default policy's required behaviours, as explicit scenarios with expected outcomes.
+
+use kvgate_core::index::{IndexConfig, InstanceMatch, PlacementIndex, PrefixMatches};
+use kvgate_core::load::{InstanceRates, LoadGuard, LoadTracker, RouterLoad};
+use kvgate_core::policy::kvgate::Kvgate;
+use kvgate_core::policy::{Candidate, KvgateParams, Policy, RouteRequest};
+use kvgate_core::{InstanceId, Source};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+const TPB: u32 = 16;
+const RATE: f64 = 10_000.0;
+
+fn cand(id: u32, gpu: u32, pending: u64, in_flight: u32) -> Candidate {
+    Candidate {
+        id: InstanceId(id),
+        matched: InstanceMatch {
+            instance: InstanceId(id),
+            gpu,
+            cpu: 0,
+            disk: 0,
+        },
+        load: RouterLoad {
+            in_flight,
+            pending_prefill_tokens: pending,
+            decoding: 0,
+        },
+        engine: None,
+        rates: InstanceRates {
+            prefill_tokens_per_s: RATE,
+            decode_interference_ms: 1.0,
+        },
+        cache_capacity_blocks: None,
+    }
+}
+
+fn req(hashes: &[u64], seed: u64) -> RouteRequest<'_> {
+    RouteRequest {
+        hashes,
+        tokens_per_block: TPB,
+        prompt_tokens: hashes.len() as u32 * TPB,
+        text: b"",
+        seed,
+        now: 0,
+    }
+}
+
+fn pick(p: &Kvgate, hashes: &[u64], cs: &[Candidate], seed: u64) -> u32 {
+    p.decide(&req(hashes, seed), cs)
+        .map_or(u32::MAX, |d| d.chosen.0)
+}
+
+/// A closed loop over the real index and load tracker: every routed request is predicted into the
+/// index and holds a load guard until `window` later requests have been dispatched.
+struct Fleet {
+    n: u32,
+    index: PlacementIndex,
+    load: Arc<LoadTracker>,
+    policy: Kvgate,
+    guards: VecDeque<LoadGuard>,
+    window: usize,
+    counts: Vec<u32>,
+    buf: PrefixMatches,
+}
+
+impl Fleet {
+    fn new(n: u32, window: usize) -> Self {
+        Self {
+            n,
+            index: PlacementIndex::new(IndexConfig {
+                shards: 8,
+                max_entries: 1 << 20,
+                default_instance_capacity: 1 << 18,
+            }),
+            load: Arc::new(LoadTracker::new(n as usize)),
+            policy: Kvgate::new(KvgateParams::default()),
+            guards: VecDeque::new(),
+            window,
+            counts: vec![0; n as usize],
+            buf: PrefixMatches::default(),
+        }
+    }
+
+    fn route(&mut self, hashes: &[u64], seed: u64) -> u32 {
+        self.index.match_prefix(hashes, 0, &mut self.buf);
+        let cs: Vec<Candidate> = (0..self.n)
+            .map(|i| Candidate {
+                matched: self.buf.get(InstanceId(i)),
+                load: self.load.snapshot(InstanceId(i)),
+                ..cand(i, 0, 0, 0)
+            })
+            .collect();
+        let r = req(hashes, seed);
+        let d = self.policy.decide(&r, &cs).expect("non-empty candidates");
+        let uncached = u64::from(r.prompt_tokens - d.matched_blocks * TPB);
+        self.index
+            .predict(d.chosen, hashes, Source::Local, 60_000, 0);
+        self.guards
+            .push_back(self.load.dispatch(d.chosen, uncached));
+        if self.guards.len() > self.window {
+            self.guards.pop_front();
+        }
+        self.counts[d.chosen.index()] += 1;
+        d.chosen.0
+    }
+}
+
+fn chain(prefix: &[u64], unique: u64, blocks: u64) -> Vec<u64> {
+    let mut v = prefix.to_vec();
+    v.extend((0..blocks).map(|b| (unique << 20) | b | (1 << 62)));
+    v
+}
+
+#[test]
+fn a_shared_system_prompt_is_not_funnelled() {
+    let system: Vec<u64> = (0..32).collect();
+    let mut fleet = Fleet::new(4, 16);
+    for k in 0..400 {
+        fleet.route(&chain(&system, k, 8), k);
+    }
+    // Every instance learned the system prompt and takes a fair share of the traffic.
+    assert!(fleet.counts.iter().all(|&c| c >= 60), "{:?}", fleet.counts);
+    let mut out = PrefixMatches::default();
+    fleet.index.match_prefix(&system, 0, &mut out);
+    assert_eq!(out.rows.len(), 4);
+
+    // When every instance already holds it, it cancels out and load alone decides.
+    let p = Kvgate::default();
+    let cs = vec![
+        cand(0, 32, 4000, 3),
+        cand(1, 32, 0, 0),
+        cand(2, 32, 2000, 1),
+    ];
+    assert_eq!(pick(&p, &chain(&system, 1, 8), &cs, 1), 1);
+}
+
+#[test]
+fn b_single_turn_traffic_spreads_evenly() {
+    let mut fleet = Fleet::new(8, 32);
+    for k in 0..800 {
+        fleet.route(&chain(&[], k, 40), k);
+    }
+    assert!(
+        fleet.counts.iter().all(|&c| (80..=120).contains(&c)),
+        "{:?}",
+        fleet.counts
+    );
+}
+
+#[test]
+fn c_hot_prefix_spreads_when_its_queue_costs_more_than_a_recompute() {
+    let p = Kvgate::default();
+    let hashes = chain(&[], 7, 100);
+    // Instance 0 holds 90 of 100 blocks. Short queue there: stay (116 ms vs 160 + 180 ms).
+    let cs = vec![cand(0, 90, 1_000, 1), cand(1, 0, 0, 0)];
+    assert_eq!(pick(&p, &hashes, &cs, 3), 0);
+    // Long queue there: its wait (1 016 ms) exceeds recomputing on instance 1 (160 + 288 ms).
+    let cs = vec![cand(0, 90, 10_000, 4), cand(1, 0, 0, 0)];
+    assert_eq!(pick(&p, &hashes, &cs, 3), 1);
+
+    // Closed loop: one hot prefix, all traffic on it. A second instance picks it up, then both share.
+    let hot: Vec<u64> = (0..90).collect();
+    let mut fleet = Fleet::new(4, 24);
+    for k in 0..300 {
+        fleet.route(&chain(&hot, k, 10), k);
+    }
+    let serving = fleet.counts.iter().filter(|&&c| c >= 30).count();
+    assert!(serving >= 2, "{:?}", fleet.counts);
+}
+
+#[test]
+fn d_recompute_is_priced_higher_as_load_rises() {
+    let p = Kvgate::default();
+    let hashes = chain(&[], 9, 100);
+    // Same absolute imbalance (4 000 tokens more queued on the holder of 90 blocks).
+    // Light load: moving is cheaper overall.
+    let light = vec![cand(0, 90, 4_000, 2), cand(1, 0, 0, 0)];
+    assert_eq!(pick(&p, &hashes, &light, 5), 1);
+    // Heavy load (20 waiting requests per instance): redundant prefill would delay everyone, so
+    // the cache holder keeps it.
+    let heavy = vec![cand(0, 90, 44_000, 22), cand(1, 0, 40_000, 20)];
+    assert_eq!(pick(&p, &hashes, &heavy, 5), 0);
+    // A TTFT-only greedy scorer (no fleet term) would have moved it: the difference is the fleet term.
+    let greedy = Kvgate::new(KvgateParams {
+        fleet_weight: 0.0,
+        fleet_load_weight: 0.0,
+        ..Default::default()
+    });
+    assert_eq!(pick(&greedy, &hashes, &heavy, 5), 1);
+}
+
+#[test]
+fn e_ties_are_broken_by_seed_not_position() {
+    let p = Kvgate::default();
+    let hashes = chain(&[], 11, 20);
+    let cs: Vec<Candidate> = (0..8).map(|i| cand(i, 0, 0, 0)).collect();
+    let mut rev = cs.clone();
+    rev.reverse();
+    let mut counts = [0u32; 8];
+    for seed in 0..8000 {
+        let a = pick(&p, &hashes, &cs, seed);
+        assert_eq!(a, pick(&p, &hashes, &rev, seed), "position must not matter");
+        assert_eq!(a, pick(&p, &hashes, &cs, seed), "deterministic");
+        counts[a as usize] += 1;
+    }
+    assert!(
+        counts.iter().all(|&c| (850..=1150).contains(&c)),
+        "{counts:?}"
+    );
+}
