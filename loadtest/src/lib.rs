@@ -3,5 +3,9 @@
 //! # Layout
 //! - [`trace`]: the Mooncake JSONL trace format (parse, write, slice, speed up, stats).
 //! - [`offline`]: the offline simulator (routing core + engine model in virtual time).
+pub mod fleet_metrics;
 pub mod offline;
+pub mod prompt;
+pub mod replay;
+pub mod stats;
 pub mod trace;
