@@ -1,0 +1,463 @@
+//! The I/O edge: per stream (instance × data-parallel rank) a socket task and an ingestion task.
+//!
+//! ```text
+//! SUB socket ──try_send──▶ bounded channel ──▶ ingestion (decode, seq check, replay, apply)
+//! ```
+//!
+//! Invariants:
+//! - The socket task never blocks on ingestion: when the channel is full the message is dropped
+//!   and counted, and the sequence gap it leaves triggers replay or a rebuild.
+//! - Oversized or malformed messages are counted and skipped; they still advance the sequence.
+//! - Each stream has its own tasks, so one broken stream never stalls another.
+//! - Socket errors reconnect with exponential backoff; nothing here panics on input.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use kvgate_core::index::PlacementIndex;
+use kvgate_core::{InstanceId, Millis};
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use zeromq::{Socket, SocketRecv, SubSocket};
+
+use crate::config::{Direction, EventSource, EventsConfig, EventsConfigError};
+use crate::ingest::{Now, SeqVerdict, StreamIngest, StreamParams, StreamStatus, WipeReason};
+use crate::metrics::StreamMetrics;
+use crate::replay::{splice, Replayer, ZmqReplayer};
+
+/// The clock ingestion stamps the index with: the gateway's monotonic milliseconds.
+pub type ClockFn = Arc<dyn Fn() -> Millis + Send + Sync>;
+
+/// One received message, handed from the socket task to ingestion.
+#[derive(Debug)]
+pub struct Message {
+    /// Sequence number.
+    pub seq: u64,
+    /// The payload, or `None` when it was skipped (oversized) but still advances the sequence.
+    pub payload: Option<Bytes>,
+}
+
+/// Per-instance state shared by its streams and the gateway.
+pub struct InstanceEvents {
+    /// The instance.
+    pub instance: InstanceId,
+    /// Its configured name.
+    pub name: String,
+    /// Requests dispatched to the instance (fed by the gateway through [`EventsHandle::note_dispatch`]).
+    dispatches: AtomicU64,
+    /// `dispatches` when the latest message arrived on any of the instance's streams.
+    dispatches_at_last_message: AtomicU64,
+    /// Monotonic ms of the latest message on any stream (0 = none yet).
+    last_message_ms: AtomicU64,
+    /// Monotonic ms when ingestion started (silence is measured from here before any message).
+    started_ms: Millis,
+    /// One status cell per stream.
+    streams: Vec<Arc<Mutex<StreamStatus>>>,
+}
+
+impl InstanceEvents {
+    /// Snapshots of the instance's streams.
+    pub fn status(&self) -> Vec<StreamStatus> {
+        self.streams.iter().map(|s| s.lock().clone()).collect()
+    }
+
+    /// True when any of the instance's streams is flagged silent.
+    pub fn is_silent(&self) -> bool {
+        self.streams.iter().any(|s| s.lock().silent)
+    }
+
+    fn note_message(&self, now: Millis) {
+        self.last_message_ms.store(now.max(1), Ordering::Relaxed);
+        self.dispatches_at_last_message
+            .store(self.dispatches.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    /// Whether the instance's streams should count as silent at `now`.
+    fn silent_at(&self, now: Millis, cfg: &EventsConfig) -> bool {
+        let last = match self.last_message_ms.load(Ordering::Relaxed) {
+            0 => self.started_ms,
+            t => t,
+        };
+        let waiting = self.dispatches.load(Ordering::Relaxed)
+            - self
+                .dispatches_at_last_message
+                .load(Ordering::Relaxed)
+                .min(self.dispatches.load(Ordering::Relaxed));
+        now.saturating_sub(last) >= cfg.silence_threshold_ms && waiting >= cfg.silence_min_requests
+    }
+}
+
+/// Running KV event ingestion for a set of instances. Dropping it stops every task.
+pub struct EventsHandle {
+    instances: HashMap<InstanceId, Arc<InstanceEvents>>,
+    order: Vec<InstanceId>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for EventsHandle {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl EventsHandle {
+    /// Starts ingestion for `sources` on the current tokio runtime, applying to `index` with
+    /// times from `clock`. Fails only on invalid configuration; unreachable endpoints are retried.
+    pub fn start(
+        cfg: &EventsConfig,
+        sources: Vec<EventSource>,
+        index: Arc<PlacementIndex>,
+        clock: ClockFn,
+    ) -> Result<Self, EventsConfigError> {
+        cfg.validate()?;
+        let mut handle = EventsHandle {
+            instances: HashMap::new(),
+            order: Vec::new(),
+            tasks: Vec::new(),
+        };
+        for src in sources {
+            if src.dp_ranks == 0 {
+                return Err(EventsConfigError {
+                    key: format!("kv_events of {}", src.name),
+                    message: "dp_ranks must be at least 1".into(),
+                });
+            }
+            let metrics = StreamMetrics::new(&src.name);
+            let mut streams = Vec::new();
+            let mut ingests = Vec::new();
+            for rank in 0..src.dp_ranks {
+                let params = StreamParams {
+                    instance: src.instance,
+                    name: Arc::from(src.name.as_str()),
+                    dp_rank: rank,
+                    model: src.model.clone(),
+                    block_size: src.block_size,
+                    dialect: src.dialect,
+                    max_tracked_blocks: cfg.max_tracked_blocks,
+                    limits: cfg.decode_limits(),
+                    sole_stream: src.dp_ranks == 1,
+                };
+                let mut ingest = StreamIngest::new(params, index.clone(), metrics.clone());
+                ingest.status_mut().endpoint = src.rank_endpoint(rank);
+                ingest.publish_status();
+                streams.push(ingest.status_cell());
+                ingests.push(ingest);
+            }
+            let inst = Arc::new(InstanceEvents {
+                instance: src.instance,
+                name: src.name.clone(),
+                dispatches: AtomicU64::new(0),
+                dispatches_at_last_message: AtomicU64::new(0),
+                last_message_ms: AtomicU64::new(0),
+                started_ms: clock(),
+                streams,
+            });
+            for (rank, ingest) in (0..src.dp_ranks).zip(ingests) {
+                let (tx, rx) = mpsc::channel(cfg.channel_capacity);
+                let link = Arc::new(Link::default());
+                let (direction, _) = src.direction();
+                let sock = SocketTask {
+                    endpoint: src.rank_endpoint(rank),
+                    direction,
+                    topic: src.topic.clone(),
+                    max_payload: cfg.max_message_bytes,
+                    backoff: (cfg.reconnect_initial_ms, cfg.reconnect_max_ms),
+                    link: link.clone(),
+                    tx,
+                    name: src.name.clone(),
+                };
+                handle.tasks.push(tokio::spawn(sock.run()));
+                let replayer = src.rank_replay_endpoint(rank).map(|e| {
+                    ZmqReplayer::new(
+                        e,
+                        Duration::from_millis(cfg.replay_timeout_ms),
+                        cfg.max_message_bytes,
+                    )
+                });
+                let task = IngestTask {
+                    ingest,
+                    replayer,
+                    link,
+                    rx,
+                    instance: inst.clone(),
+                    cfg: cfg.clone(),
+                    clock: clock.clone(),
+                };
+                handle.tasks.push(tokio::spawn(task.run()));
+            }
+            handle.order.push(src.instance);
+            handle.instances.insert(src.instance, inst);
+        }
+        Ok(handle)
+    }
+
+    /// Tells silence detection that a request was dispatched to `instance`. Cheap (one atomic).
+    pub fn note_dispatch(&self, instance: InstanceId) {
+        if let Some(i) = self.instances.get(&instance) {
+            i.dispatches.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The instance's shared state, if it has an event source.
+    pub fn instance(&self, instance: InstanceId) -> Option<&Arc<InstanceEvents>> {
+        self.instances.get(&instance)
+    }
+
+    /// True when `instance` has an event source and it is flagged silent.
+    pub fn is_silent(&self, instance: InstanceId) -> bool {
+        self.instances.get(&instance).is_some_and(|i| i.is_silent())
+    }
+
+    /// Status of every stream, in configuration order.
+    pub fn status(&self) -> Vec<StreamStatus> {
+        self.order
+            .iter()
+            .filter_map(|id| self.instances.get(id))
+            .flat_map(|i| i.status())
+            .collect()
+    }
+}
+
+/// State the socket task shares with its ingestion task.
+#[derive(Default)]
+struct Link {
+    connected: AtomicBool,
+    /// The endpoint actually bound (port 0 resolved) or connected.
+    endpoint: Mutex<Option<String>>,
+    dropped: AtomicU64,
+    malformed: AtomicU64,
+}
+
+struct SocketTask {
+    endpoint: String,
+    direction: Direction,
+    topic: String,
+    max_payload: usize,
+    backoff: (u64, u64),
+    link: Arc<Link>,
+    tx: mpsc::Sender<Message>,
+    name: String,
+}
+
+impl SocketTask {
+    async fn run(self) {
+        let mut delay = self.backoff.0;
+        loop {
+            match self.session().await {
+                Ok(()) => return, // ingestion ended: nothing left to feed
+                Err(e) => {
+                    self.link.connected.store(false, Ordering::Relaxed);
+                    tracing::warn!(instance = %self.name, endpoint = %self.endpoint, error = %e, retry_ms = delay, "KV event socket error");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            delay = delay.saturating_mul(2).min(self.backoff.1);
+        }
+    }
+
+    /// One socket lifetime: open, then forward messages until an error.
+    async fn session(&self) -> Result<(), zeromq::ZmqError> {
+        let mut sock = SubSocket::new();
+        sock.subscribe(&self.topic).await?;
+        match self.direction {
+            Direction::Bind => {
+                let ep = sock.bind(&self.endpoint).await?;
+                *self.link.endpoint.lock() = Some(ep.to_string());
+            }
+            Direction::Connect => {
+                sock.connect(&self.endpoint).await?;
+                *self.link.endpoint.lock() = Some(self.endpoint.clone());
+            }
+        }
+        self.link.connected.store(true, Ordering::Relaxed);
+        loop {
+            let msg = sock.recv().await?;
+            let Some(m) = parse_frames(msg.into_vec(), self.max_payload) else {
+                self.link.malformed.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            match self.tx.try_send(m) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    self.link.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => return Ok(()),
+            }
+        }
+    }
+}
+
+/// `[topic, seq, payload]` (or `[seq, payload]`) → a message; `None` when malformed. Oversized
+/// payloads keep their sequence number with no payload.
+pub fn parse_frames(frames: Vec<Bytes>, max_payload: usize) -> Option<Message> {
+    let (seq, payload) = match frames.len() {
+        3 => (&frames[1], &frames[2]),
+        2 => (&frames[0], &frames[1]),
+        _ => return None,
+    };
+    let seq: [u8; 8] = seq.as_ref().try_into().ok()?;
+    let seq = u64::from_be_bytes(seq);
+    let payload = (payload.len() <= max_payload).then(|| payload.clone());
+    Some(Message { seq, payload })
+}
+
+struct IngestTask<R> {
+    ingest: StreamIngest,
+    replayer: Option<R>,
+    link: Arc<Link>,
+    rx: mpsc::Receiver<Message>,
+    instance: Arc<InstanceEvents>,
+    cfg: EventsConfig,
+    clock: ClockFn,
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+impl<R: Replayer> IngestTask<R> {
+    async fn run(mut self) {
+        let period = Duration::from_millis((self.cfg.silence_threshold_ms / 4).clamp(50, 1000));
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                msg = self.rx.recv() => {
+                    let Some(msg) = msg else { return };
+                    let now = (self.clock)();
+                    self.instance.note_message(now);
+                    handle_message(&mut self.ingest, self.replayer.as_mut(), msg, &self.clock).await;
+                    self.sync_link();
+                    if self.ingest.status().silent {
+                        self.ingest.set_silent(false);
+                    }
+                    self.ingest.publish_status();
+                }
+                _ = tick.tick() => {
+                    let now = (self.clock)();
+                    if !self.ingest.status().silent && self.instance.silent_at(now, &self.cfg) {
+                        self.ingest.set_silent(true);
+                        self.ingest.wipe(WipeReason::Silent);
+                    }
+                    self.sync_link();
+                    self.ingest.publish_status();
+                }
+            }
+        }
+    }
+
+    fn sync_link(&mut self) {
+        let dropped = self.link.dropped.swap(0, Ordering::Relaxed);
+        if dropped > 0 {
+            self.ingest.note_dropped(dropped);
+        }
+        let malformed = self.link.malformed.swap(0, Ordering::Relaxed);
+        if malformed > 0 {
+            self.ingest.status_mut().decode_errors += malformed;
+            self.ingest.metrics().decode_errors.increment(malformed);
+        }
+        let connected = self.link.connected.load(Ordering::Relaxed);
+        let endpoint = self.link.endpoint.lock().clone();
+        let st = self.ingest.status_mut();
+        st.connected = connected;
+        if let Some(ep) = endpoint {
+            st.endpoint = ep;
+        }
+    }
+}
+
+/// Applies one live message: sequence check, replay of a gap (when a replayer is given), wipe
+/// when the stream cannot be proven complete, then the message itself.
+pub async fn handle_message<R: Replayer>(
+    ingest: &mut StreamIngest,
+    replayer: Option<&mut R>,
+    msg: Message,
+    clock: &ClockFn,
+) {
+    let now = || Now {
+        mono_ms: clock(),
+        unix_s: unix_now(),
+    };
+    let seq = msg.seq;
+    match ingest.check_seq(seq) {
+        SeqVerdict::Next => {}
+        SeqVerdict::First => {
+            // Joined mid-stream: catch up with whatever the engine still buffers. Nothing was
+            // indexed yet, so a partial catch-up needs no wipe.
+            if seq > 0 {
+                if let Some(r) = replayer {
+                    catch_up(ingest, r, 0, seq, false, now).await;
+                }
+            }
+        }
+        SeqVerdict::Gap { from } => {
+            ingest.note_gap();
+            tracing::info!(instance = %ingest.params().name, from, to = seq, "KV event sequence gap");
+            match replayer {
+                Some(r) => {
+                    catch_up(ingest, r, from, seq, true, now).await;
+                }
+                // Nothing proves what the missing messages removed: start over from the live stream.
+                None => ingest.wipe(WipeReason::Gap),
+            }
+        }
+        SeqVerdict::Restart => {
+            ingest.note_restart();
+            tracing::warn!(instance = %ingest.params().name, seq, "KV event sequence went backwards: engine restarted");
+            ingest.wipe(WipeReason::Restart);
+            if seq > 0 {
+                if let Some(r) = replayer {
+                    catch_up(ingest, r, 0, seq, false, now).await;
+                }
+            }
+        }
+    }
+    match msg.payload {
+        Some(p) => {
+            if let Err(e) = ingest.apply_payload(seq, &p, now()) {
+                tracing::debug!(instance = %ingest.params().name, seq, error = %e, "undecodable KV event payload skipped");
+            }
+        }
+        None => {
+            ingest.status_mut().decode_errors += 1;
+            ingest.metrics().decode_errors.increment(1);
+            ingest.skip_seq(seq);
+        }
+    }
+}
+
+/// Replays `from..until` and applies it; returns true when the replay covered the whole range.
+/// Otherwise, with `wipe_if_uncovered`, the stream is wiped before the contiguous tail that was
+/// obtained is applied (so the index never keeps blocks the missing messages may have removed).
+async fn catch_up<R: Replayer>(
+    ingest: &mut StreamIngest,
+    replayer: &mut R,
+    from: u64,
+    until: u64,
+    wipe_if_uncovered: bool,
+    now: impl Fn() -> Now,
+) -> bool {
+    let s = match replayer.replay(from).await {
+        Ok(frames) => splice(from, until, frames),
+        Err(e) => {
+            tracing::warn!(instance = %ingest.params().name, error = %e, "KV event replay failed");
+            Default::default()
+        }
+    };
+    ingest.note_replay(s.covered, !s.frames.is_empty());
+    if !s.covered && wipe_if_uncovered {
+        ingest.wipe(WipeReason::Gap);
+    }
+    for (seq, payload) in s.frames {
+        let _ = ingest.apply_payload(seq, &payload, now());
+    }
+    s.covered
+}
