@@ -1,0 +1,247 @@
+//! The task that drives one [`EngineModel`] in (scaled) real time.
+//!
+//! Loop: take commands (submit, reset, restart) → run one step at the current virtual time →
+//! sleep the step's duration × slow factor ÷ time scale → deliver tokens → publish the step's
+//! KV events as one batch → refresh the metrics snapshot. Idle engines block on the command
+//! channel and use no CPU.
+//!
+//! Invariants: the model is owned by this task only; handlers see per-request [`ReqState`]
+//! (counters + `Notify`, no queue, so nothing grows with a slow client); a request whose handler
+//! is gone (client disconnected) is aborted at the next step, freeing its blocks; virtual time is
+//! `wall elapsed × time_scale`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot, Notify};
+
+use super::faults::Faults;
+use super::metrics::Snapshot;
+use crate::kv_events::Publisher;
+use crate::model::{EngineModel, SimRequest};
+
+/// Request status values in [`ReqState::status`].
+pub mod status {
+    /// Queued or running.
+    pub const ACTIVE: u8 = 0;
+    /// All tokens produced.
+    pub const DONE: u8 = 1;
+    /// Refused by the engine (queue full or too long).
+    pub const REJECTED: u8 = 2;
+    /// Cut by an engine restart.
+    pub const ABORTED: u8 = 3;
+}
+
+/// What a handler sees of its request.
+#[derive(Debug, Default)]
+pub struct ReqState {
+    /// Output tokens produced so far.
+    pub produced: AtomicU32,
+    /// Prompt tokens served from the cache (valid once `produced > 0`).
+    pub cached: AtomicU32,
+    /// See [`status`].
+    pub status: AtomicU8,
+    /// Set when the first token is out.
+    pub first: AtomicBool,
+    /// Woken on every change.
+    pub notify: Notify,
+}
+
+/// Commands to the loop.
+pub enum Cmd {
+    /// Queue a request.
+    Submit(SimRequest, Arc<ReqState>),
+    /// `POST /reset_prefix_cache`; answers whether it succeeded.
+    Reset(oneshot::Sender<bool>),
+    /// Restart the engine; answers when done.
+    Restart(oneshot::Sender<()>),
+    /// The engine hashes cached on the GPU (at most the capacity, so bounded).
+    CachedHashes(oneshot::Sender<Vec<u64>>),
+}
+
+/// State shared between the loop and the HTTP handlers.
+pub struct Core {
+    /// Commands to the loop (bounded).
+    pub cmd_tx: mpsc::Sender<Cmd>,
+    /// Latest metrics snapshot.
+    pub snapshot: Mutex<Snapshot>,
+    /// Current faults.
+    pub faults: Mutex<Faults>,
+}
+
+struct Inflight {
+    state: Arc<ReqState>,
+    arrival_v: u64,
+}
+
+/// Runs until every command sender is dropped.
+pub async fn run(
+    mut model: EngineModel,
+    core: Arc<Core>,
+    mut rx: mpsc::Receiver<Cmd>,
+    publisher: Option<Arc<Publisher>>,
+    time_scale: f64,
+) {
+    let epoch = Instant::now();
+    let scale = if time_scale.is_finite() && time_scale > 0.0 {
+        time_scale
+    } else {
+        1.0
+    };
+    let vnow = move || (epoch.elapsed().as_secs_f64() * scale * 1e6) as u64;
+    let mut inflight: HashMap<u64, Inflight> = HashMap::new();
+    loop {
+        if model.is_idle() {
+            match rx.recv().await {
+                None => break,
+                Some(c) => {
+                    handle(
+                        c,
+                        &mut model,
+                        &mut inflight,
+                        &core,
+                        publisher.as_deref(),
+                        vnow(),
+                    )
+                    .await
+                }
+            }
+        }
+        while let Ok(c) = rx.try_recv() {
+            handle(
+                c,
+                &mut model,
+                &mut inflight,
+                &core,
+                publisher.as_deref(),
+                vnow(),
+            )
+            .await;
+        }
+        // Clients that went away: abort, freeing their blocks.
+        let gone: Vec<u64> = inflight
+            .iter()
+            .filter(|(_, f)| Arc::strong_count(&f.state) == 1)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            model.abort(id);
+            inflight.remove(&id);
+        }
+        if model.is_idle() {
+            core.snapshot.lock().update(&model);
+            continue;
+        }
+        let t0 = vnow();
+        let started = Instant::now();
+        let Some(out) = model.step(t0) else { continue };
+        let slow = core.faults.lock().slow_factor.max(1.0);
+        let real = (out.end_us.saturating_sub(t0)) as f64 * slow / scale;
+        tokio::time::sleep_until((started + Duration::from_micros(real as u64)).into()).await;
+        let t_end = vnow();
+        let mut snap_ttfts = Vec::with_capacity(out.first_tokens.len());
+        for (id, cached) in &out.first_tokens {
+            if let Some(f) = inflight.get(id) {
+                f.state.cached.store(*cached, Ordering::Relaxed);
+                f.state.first.store(true, Ordering::Relaxed);
+                f.state.produced.fetch_add(1, Ordering::Relaxed);
+                snap_ttfts.push(t_end.saturating_sub(f.arrival_v) as f64 / 1e6);
+            }
+        }
+        for id in &out.decoded {
+            if let Some(f) = inflight.get(id) {
+                f.state.produced.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let mut succeeded = 0u64;
+        for id in &out.finished {
+            if let Some(f) = inflight.remove(id) {
+                f.state.status.store(status::DONE, Ordering::Release);
+                f.state.notify.notify_one();
+                succeeded += 1;
+            }
+        }
+        for id in &out.rejected {
+            if let Some(f) = inflight.remove(id) {
+                f.state.status.store(status::REJECTED, Ordering::Release);
+                f.state.notify.notify_one();
+            }
+        }
+        for (id, _) in &out.first_tokens {
+            if let Some(f) = inflight.get(id) {
+                f.state.notify.notify_one();
+            }
+        }
+        for id in &out.decoded {
+            if let Some(f) = inflight.get(id) {
+                f.state.notify.notify_one();
+            }
+        }
+        let events = model.drain_kv_events();
+        if let Some(p) = &publisher {
+            if !events.is_empty() && !core.faults.lock().stop_events {
+                p.publish(events);
+            }
+        }
+        let mut snap = core.snapshot.lock();
+        snap.update(&model);
+        for t in snap_ttfts {
+            snap.ttft.observe(t);
+        }
+        snap.request_success += succeeded;
+    }
+}
+
+async fn handle(
+    cmd: Cmd,
+    model: &mut EngineModel,
+    inflight: &mut HashMap<u64, Inflight>,
+    core: &Core,
+    publisher: Option<&Publisher>,
+    now_v: u64,
+) {
+    match cmd {
+        Cmd::Submit(req, state) => {
+            let id = req.id;
+            match model.try_submit(req, now_v) {
+                Ok(()) => {
+                    inflight.insert(
+                        id,
+                        Inflight {
+                            state,
+                            arrival_v: now_v,
+                        },
+                    );
+                }
+                Err(_) => {
+                    // Reported by the next step too; nobody waits for it there.
+                    state.status.store(status::REJECTED, Ordering::Release);
+                    state.notify.notify_one();
+                }
+            }
+        }
+        Cmd::Reset(tx) => {
+            let ok = model.reset_prefix_cache(now_v);
+            let _ = tx.send(ok);
+        }
+        Cmd::CachedHashes(tx) => {
+            let _ = tx.send(model.cached_hashes());
+        }
+        Cmd::Restart(tx) => {
+            model.restart();
+            for (_, f) in inflight.drain() {
+                f.state.status.store(status::ABORTED, Ordering::Release);
+                f.state.notify.notify_one();
+            }
+            if let Some(p) = publisher {
+                p.restart().await;
+            }
+            core.snapshot.lock().reset();
+            let _ = tx.send(());
+        }
+    }
+    core.snapshot.lock().update(model);
+}
