@@ -3,9 +3,11 @@
 //! # Layout
 //! - [`trace`]: the Mooncake JSONL trace format (parse, write, slice, speed up, stats).
 //! - [`offline`]: the offline simulator (routing core + engine model in virtual time).
+pub mod compare;
 pub mod fleet_metrics;
 pub mod offline;
 pub mod prompt;
 pub mod replay;
+pub mod report;
 pub mod stats;
 pub mod trace;

@@ -1,0 +1,194 @@
+//! Contenders of a comparison: kvgate with a policy (in-process), or an external router started
+//! from a command template.
+//!
+//! Template placeholders: `{python}` (the peers' venv interpreter), `{bindir}` (its `bin/`),
+//! `{port}` and `{metrics_port}` (free 127.0.0.1 ports), `{workers}` (space-separated worker
+//! URLs), `{workers_comma}` (comma-separated), `{model}`. Unknown placeholders are left as is so
+//! a typo shows up in the router's own error output.
+
+use std::path::{Path, PathBuf};
+
+use kvgate_core::policy::PolicyName;
+use serde::Serialize;
+
+/// Default location of the peers' virtualenv (made by `loadtest/peers/install.sh`).
+pub const DEFAULT_PEERS_VENV: &str = ".cache/kvgate-peers/venv";
+
+/// One configuration under test.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ContenderSpec {
+    /// kvgate's gateway, in-process, with a routing policy.
+    Kvgate {
+        /// Display name.
+        name: String,
+        /// Routing policy.
+        policy: PolicyName,
+    },
+    /// An external router process.
+    External {
+        /// Display name.
+        name: String,
+        /// Command template (run by `sh -c` after substitution).
+        command: String,
+        /// Command template printing the router's version.
+        version_command: Option<String>,
+    },
+}
+
+impl ContenderSpec {
+    /// Display name.
+    pub fn name(&self) -> &str {
+        match self {
+            ContenderSpec::Kvgate { name, .. } | ContenderSpec::External { name, .. } => name,
+        }
+    }
+
+    /// A kvgate contender named after its policy (`kvgate` for the default policy).
+    pub fn kvgate(policy: PolicyName) -> Self {
+        let name = match policy {
+            PolicyName::Kvgate => "kvgate".to_string(),
+            p => format!("kvgate:{p}"),
+        };
+        ContenderSpec::Kvgate { name, policy }
+    }
+
+    /// Known external routers by short name: `sglang-router`, `vllm-router`.
+    pub fn preset(name: &str) -> Option<Self> {
+        let (command, version) = match name {
+            "sglang-router" => (
+                "{python} -m sglang_router.launch_router --host 127.0.0.1 --port {port} \
+                 --prometheus-host 127.0.0.1 --prometheus-port {metrics_port} \
+                 --policy cache_aware --worker-urls {workers}",
+                "{python} -m pip show sglang-router",
+            ),
+            "vllm-router" => (
+                "{bindir}/vllm-router --host 127.0.0.1 --port {port} \
+                 --prometheus-host 127.0.0.1 --prometheus-port {metrics_port} \
+                 --policy cache_aware --worker-urls {workers}",
+                "{python} -m pip show vllm-router",
+            ),
+            _ => return None,
+        };
+        Some(ContenderSpec::External {
+            name: name.to_string(),
+            command: command.to_string(),
+            version_command: Some(version.to_string()),
+        })
+    }
+
+    /// Parses a CLI contender: a kvgate policy name (`kvgate`, `round_robin`, ...), a preset
+    /// (`sglang-router`), or `NAME=COMMAND TEMPLATE`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if let Some((name, command)) = s.split_once('=') {
+            let name = name.trim();
+            if name.is_empty() || command.trim().is_empty() {
+                return Err(format!("contender {s:?}: expected NAME=COMMAND"));
+            }
+            return Ok(ContenderSpec::External {
+                name: name.to_string(),
+                command: command.trim().to_string(),
+                version_command: None,
+            });
+        }
+        if let Some(p) = Self::preset(s) {
+            return Ok(p);
+        }
+        let policy = PolicyName::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s.trim_start_matches("kvgate:"))
+            .ok_or_else(|| {
+                let known: Vec<&str> = PolicyName::ALL.iter().map(|p| p.as_str()).collect();
+                format!(
+                    "unknown contender {s:?}: expected a kvgate policy ({}), sglang-router, \
+                     vllm-router, or NAME=COMMAND",
+                    known.join(", ")
+                )
+            })?;
+        Ok(Self::kvgate(policy))
+    }
+}
+
+/// Values substituted into command templates.
+#[derive(Debug, Clone)]
+pub struct TemplateVars {
+    /// Python interpreter of the peers' venv.
+    pub python: PathBuf,
+    /// Router port.
+    pub port: u16,
+    /// Router metrics port.
+    pub metrics_port: u16,
+    /// Worker base URLs.
+    pub workers: Vec<String>,
+    /// Model name.
+    pub model: String,
+}
+
+impl TemplateVars {
+    /// Substitutes the placeholders in `template`.
+    pub fn apply(&self, template: &str) -> String {
+        let bindir = self
+            .python
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        template
+            .replace("{python}", &self.python.to_string_lossy())
+            .replace("{bindir}", &bindir.to_string_lossy())
+            .replace("{port}", &self.port.to_string())
+            .replace("{metrics_port}", &self.metrics_port.to_string())
+            .replace("{workers_comma}", &self.workers.join(","))
+            .replace("{workers}", &self.workers.join(" "))
+            .replace("{model}", &self.model)
+    }
+}
+
+/// The peers' venv interpreter: `$HOME/.cache/kvgate-peers/venv/bin/python`.
+pub fn default_python() -> PathBuf {
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    home.join(DEFAULT_PEERS_VENV).join("bin").join("python")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_contenders() {
+        assert_eq!(
+            ContenderSpec::parse("kvgate").unwrap(),
+            ContenderSpec::kvgate(PolicyName::Kvgate)
+        );
+        assert_eq!(
+            ContenderSpec::parse("round_robin").unwrap().name(),
+            "kvgate:round_robin"
+        );
+        assert!(matches!(
+            ContenderSpec::parse("sglang-router").unwrap(),
+            ContenderSpec::External { .. }
+        ));
+        let c = ContenderSpec::parse("mine=./r --port {port}").unwrap();
+        assert_eq!(c.name(), "mine");
+        assert!(ContenderSpec::parse("nope")
+            .unwrap_err()
+            .contains("round_robin"));
+        assert!(ContenderSpec::parse("=x").is_err());
+    }
+
+    #[test]
+    fn substitutes_placeholders() {
+        let v = TemplateVars {
+            python: PathBuf::from("/v/bin/python"),
+            port: 10,
+            metrics_port: 11,
+            workers: vec!["http://a:1".into(), "http://b:2".into()],
+            model: "m".into(),
+        };
+        assert_eq!(
+            v.apply("{python} {bindir}/x --port {port} -m {metrics_port} {workers} {workers_comma} {model} {other}"),
+            "/v/bin/python /v/bin/x --port 10 -m 11 http://a:1 http://b:2 http://a:1,http://b:2 m {other}"
+        );
+    }
+}

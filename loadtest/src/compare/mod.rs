@@ -1,0 +1,281 @@
+//! Orchestrated comparison: the same trace against several routers, each on a fresh fleet.
+//!
+//! For every contender, in order: start a new simulated fleet (cold caches), start the router
+//! (kvgate in-process, or an external command), wait until it is ready and warmed up, snapshot
+//! the engines' counters, replay the trace while sampling the fleet, snapshot again, stop the
+//! router and the fleet. A contender that fails to start is reported with its error and the
+//! others still run. Hit ratio comes from the engines' counters only.
+
+pub mod contender;
+pub mod external;
+pub mod gateway;
+pub mod ready;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kvgate_sim::{Fleet, FleetConfig};
+use serde::Serialize;
+
+use crate::fleet_metrics::{self, FleetDelta, SeriesPoint};
+use crate::prompt::PromptBuilder;
+use crate::replay::{self, ReplayConfig, RequestRecord};
+use crate::report::summary::{summarise, RunSummary};
+use crate::trace::Trace;
+pub use contender::{ContenderSpec, TemplateVars};
+
+/// Comparison parameters.
+#[derive(Debug, Clone)]
+pub struct CompareConfig {
+    /// Fleet started fresh for every contender.
+    pub fleet: FleetConfig,
+    /// Contenders, run in this order.
+    pub contenders: Vec<ContenderSpec>,
+    /// Replay settings (`base_url` is replaced by each router's URL).
+    pub replay: ReplayConfig,
+    /// Base gateway config for kvgate contenders (pools and policy are set per run).
+    pub kvgate_base: kvgate::config::Config,
+    /// Interpreter substituted for `{python}`.
+    pub python: PathBuf,
+    /// Longest wait for a router to become ready.
+    pub ready_timeout: Duration,
+    /// Fleet metrics sampling interval.
+    pub sample_interval: Duration,
+    /// Directory for external routers' logs.
+    pub log_dir: PathBuf,
+    /// Keep every request record in the results.
+    pub keep_records: bool,
+}
+
+/// Everything measured for one contender.
+#[derive(Debug, Clone, Serialize)]
+pub struct ContenderResult {
+    /// Display name.
+    pub name: String,
+    /// What was run.
+    pub spec: ContenderSpec,
+    /// Router version.
+    pub version: Option<String>,
+    /// The command line of an external router.
+    pub command: Option<String>,
+    /// Why the contender could not run (then the figures are empty).
+    pub error: Option<String>,
+    /// Summary figures.
+    pub summary: Option<RunSummary>,
+    /// Engines' counter deltas.
+    pub fleet: Option<FleetDelta>,
+    /// Engine names in fleet order.
+    pub engines: Vec<String>,
+    /// Hit ratio and load spread over time.
+    pub series: Vec<SeriesPoint>,
+    /// Sorted TTFTs of successful requests (for distribution charts).
+    pub ttft_sorted: Vec<f64>,
+    /// Every request record (only with `keep_records`).
+    pub records: Vec<RequestRecord>,
+}
+
+impl ContenderResult {
+    fn failed(spec: &ContenderSpec, error: String) -> Self {
+        ContenderResult {
+            name: spec.name().to_string(),
+            spec: spec.clone(),
+            version: None,
+            command: None,
+            error: Some(error),
+            summary: None,
+            fleet: None,
+            engines: Vec::new(),
+            series: Vec::new(),
+            ttft_sorted: Vec::new(),
+            records: Vec::new(),
+        }
+    }
+}
+
+enum Router {
+    Kvgate(gateway::InProcessGateway),
+    External(external::ExternalRouter),
+}
+
+impl Router {
+    async fn stop(self) {
+        match self {
+            Router::Kvgate(g) => g.stop().await,
+            Router::External(e) => e.stop().await,
+        }
+    }
+}
+
+/// Runs every contender in turn.
+pub async fn run(
+    trace: &Trace,
+    builder: &PromptBuilder,
+    cfg: &CompareConfig,
+) -> Vec<ContenderResult> {
+    let mut out = Vec::with_capacity(cfg.contenders.len());
+    for (i, spec) in cfg.contenders.iter().enumerate() {
+        let label = format!("[{}/{}] {} ", i + 1, cfg.contenders.len(), spec.name());
+        out.push(run_one(trace, builder, cfg, spec, &label).await);
+    }
+    out
+}
+
+/// Runs one contender on a fresh fleet.
+pub async fn run_one(
+    trace: &Trace,
+    builder: &PromptBuilder,
+    cfg: &CompareConfig,
+    spec: &ContenderSpec,
+    label: &str,
+) -> ContenderResult {
+    let fleet = match Fleet::start(cfg.fleet.clone()).await {
+        Ok(f) => f,
+        Err(e) => return ContenderResult::failed(spec, format!("starting the fleet: {e}")),
+    };
+    let result = run_on_fleet(trace, builder, cfg, spec, &fleet, label).await;
+    fleet.shutdown().await;
+    result.unwrap_or_else(|e| ContenderResult::failed(spec, e))
+}
+
+async fn start_router(
+    cfg: &CompareConfig,
+    spec: &ContenderSpec,
+    workers: &[String],
+    fleet: &Fleet,
+) -> Result<(Router, String, Option<String>, Option<String>), String> {
+    match spec {
+        ContenderSpec::Kvgate { policy, .. } => {
+            let c = gateway::config_for(
+                &cfg.kvgate_base,
+                *policy,
+                &fleet.instances(),
+                &cfg.fleet.model,
+            );
+            let g = gateway::InProcessGateway::start(c)
+                .await
+                .map_err(|e| e.to_string())?;
+            let url = g.url.clone();
+            Ok((
+                Router::Kvgate(g),
+                url,
+                Some(env!("CARGO_PKG_VERSION").to_string()),
+                None,
+            ))
+        }
+        ContenderSpec::External {
+            name,
+            command,
+            version_command,
+        } => {
+            let vars = TemplateVars {
+                python: cfg.python.clone(),
+                port: external::free_port().map_err(|e| e.to_string())?,
+                metrics_port: external::free_port().map_err(|e| e.to_string())?,
+                workers: workers.to_vec(),
+                model: cfg.fleet.model.clone(),
+            };
+            let version = match version_command {
+                Some(v) => external::version(&vars.apply(v)).await,
+                None => None,
+            };
+            let cmd = vars.apply(command);
+            std::fs::create_dir_all(&cfg.log_dir)
+                .map_err(|e| format!("{}: {e}", cfg.log_dir.display()))?;
+            let safe: String = name
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            let log = cfg.log_dir.join(format!("{safe}.log"));
+            let r = external::ExternalRouter::start(&cmd, &log).map_err(|e| e.to_string())?;
+            let url = format!("http://127.0.0.1:{}", vars.port);
+            Ok((Router::External(r), url, version, Some(cmd)))
+        }
+    }
+}
+
+async fn run_on_fleet(
+    trace: &Trace,
+    builder: &PromptBuilder,
+    cfg: &CompareConfig,
+    spec: &ContenderSpec,
+    fleet: &Fleet,
+    label: &str,
+) -> Result<ContenderResult, String> {
+    let infos = fleet.instances();
+    let workers: Vec<String> = infos.iter().map(|i| i.url.clone()).collect();
+    let names: Vec<String> = infos.iter().map(|i| i.name.clone()).collect();
+    let (router, url, version, command) = start_router(cfg, spec, &workers, fleet).await?;
+    let client = reqwest::Client::new();
+    let measured = async {
+        ready::wait_ready(
+            &client,
+            &url,
+            &workers,
+            &cfg.fleet.model,
+            builder.api(),
+            cfg.ready_timeout,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let before = fleet_metrics::snapshot(&client, &workers, 0.0)
+            .await
+            .map_err(|e| e.to_string())?;
+        let sampler =
+            fleet_metrics::Sampler::start(client.clone(), workers.clone(), cfg.sample_interval);
+        let rcfg = ReplayConfig {
+            base_url: url.clone(),
+            ..cfg.replay.clone()
+        };
+        let out = replay::run(trace, builder, &rcfg, label).await;
+        let mut samples = sampler.finish().await;
+        let out = out.map_err(|e| e.to_string())?;
+        // Engines update counters when a request finishes, before the last bytes reach us.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let after = fleet_metrics::snapshot(&client, &workers, out.wall_s)
+            .await
+            .map_err(|e| e.to_string())?;
+        samples.insert(
+            0,
+            fleet_metrics::FleetSnapshot {
+                at_s: 0.0,
+                ..before.clone()
+            },
+        );
+        Ok::<_, String>((out, before, after, samples))
+    }
+    .await;
+    router.stop().await;
+    let (out, before, after, samples) = measured?;
+    let delta = fleet_metrics::delta(&before, &after);
+    let summary = summarise(&out, Some(&delta), &names);
+    let mut ttft_sorted: Vec<f64> = out
+        .records
+        .iter()
+        .filter(|r| matches!(r.outcome, replay::Outcome::Ok))
+        .filter_map(|r| r.ttft_s)
+        .collect();
+    ttft_sorted.sort_by(f64::total_cmp);
+    Ok(ContenderResult {
+        name: spec.name().to_string(),
+        spec: spec.clone(),
+        version,
+        command,
+        error: None,
+        summary: Some(summary),
+        fleet: Some(delta),
+        engines: names,
+        series: fleet_metrics::series(&samples),
+        ttft_sorted,
+        records: if cfg.keep_records {
+            out.records
+        } else {
+            Vec::new()
+        },
+    })
+}

@@ -1,0 +1,221 @@
+//! Per-run summary figures computed from request records and the engines' counter deltas.
+//!
+//! Latencies count only successful requests; errors and rejections are reported beside them,
+//! never hidden. Per-instance share comes from the router's `x-kvgate-instance` header when every
+//! successful request carried one, otherwise from the engines' own request counters.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::fleet_metrics::FleetDelta;
+use crate::replay::{ErrorClass, Outcome, ReplayOutput};
+use crate::stats::{ratio, shares, Summary};
+
+/// Where per-instance shares came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShareSource {
+    /// The router's `x-kvgate-instance` response header.
+    Header,
+    /// The engines' request counters.
+    EngineMetrics,
+    /// Neither was available.
+    None,
+}
+
+/// Summary of one replay.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSummary {
+    /// Requests sent.
+    pub sent: usize,
+    /// Requests that completed.
+    pub ok: usize,
+    /// Failed requests by class.
+    pub errors: BTreeMap<&'static str, u64>,
+    /// Failed requests in total.
+    pub error_total: u64,
+    /// Requests shed with 429/503.
+    pub rejected: u64,
+    /// Requests cancelled at the end of the drain period.
+    pub unfinished: usize,
+    /// Time to first token, successful requests.
+    pub ttft: Summary,
+    /// End-to-end latency, successful requests.
+    pub e2e: Summary,
+    /// Per-request mean inter-token latency.
+    pub itl: Summary,
+    /// Successful requests per second of wall time.
+    pub throughput_rps: f64,
+    /// Generated tokens per second of wall time.
+    pub output_tokens_per_s: f64,
+    /// Successful requests whose generated token count differs from the trace's.
+    pub output_mismatch: usize,
+    /// Prefix-cache hit ratio from the engines' counters (None without a fleet to scrape).
+    pub hit_ratio: Option<f64>,
+    /// Hit ratio from the responses' `cached_tokens` / `prompt_tokens`, when reported.
+    pub hit_ratio_reported: Option<f64>,
+    /// Fraction of requests served by each instance.
+    pub instance_share: BTreeMap<String, f64>,
+    /// Where `instance_share` came from.
+    pub share_source: ShareSource,
+    /// Wall time, seconds.
+    pub wall_s: f64,
+    /// Mean lag between the schedule and the actual send.
+    pub mean_send_lag_s: f64,
+}
+
+/// Summarises a replay; `fleet` adds the engines' view, `engine_names` labels its engines.
+pub fn summarise(
+    out: &ReplayOutput,
+    fleet: Option<&FleetDelta>,
+    engine_names: &[String],
+) -> RunSummary {
+    let mut errors: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let (mut rejected, mut ok) = (0u64, 0usize);
+    let (mut ttft, mut e2e, mut itl) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut out_tokens, mut mismatch) = (0u64, 0usize);
+    let (mut cached, mut prompt, mut reported) = (0u64, 0u64, false);
+    let mut by_header: BTreeMap<String, u64> = BTreeMap::new();
+    let mut all_have_header = true;
+    for r in &out.records {
+        match r.outcome {
+            Outcome::Ok => {
+                ok += 1;
+                ttft.extend(r.ttft_s);
+                e2e.extend(r.e2e_s);
+                itl.extend(r.itl_mean_s);
+                out_tokens += u64::from(r.completion_tokens);
+                if r.completion_tokens != r.output_length.max(1) {
+                    mismatch += 1;
+                }
+                if let (Some(c), Some(p)) = (r.cached_tokens, r.prompt_tokens) {
+                    reported = true;
+                    cached += u64::from(c);
+                    prompt += u64::from(p);
+                }
+                match &r.instance {
+                    Some(i) => *by_header.entry(i.clone()).or_default() += 1,
+                    None => all_have_header = false,
+                }
+            }
+            Outcome::Rejected { .. } => rejected += 1,
+            Outcome::Error { class } => *errors.entry(class.as_str()).or_default() += 1,
+        }
+    }
+    for c in ErrorClass::ALL {
+        errors.entry(c.as_str()).or_default();
+    }
+    let (instance_share, share_source) = if ok > 0 && all_have_header {
+        (shares(&by_header), ShareSource::Header)
+    } else if let Some(f) = fleet.filter(|f| f.requests_per_engine.iter().sum::<f64>() > 0.0) {
+        let counts: BTreeMap<String, u64> = f
+            .requests_per_engine
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let name = engine_names
+                    .get(i)
+                    .cloned()
+                    .unwrap_or_else(|| format!("engine-{i}"));
+                (name, n.max(0.0) as u64)
+            })
+            .collect();
+        (shares(&counts), ShareSource::EngineMetrics)
+    } else {
+        (BTreeMap::new(), ShareSource::None)
+    };
+    RunSummary {
+        sent: out.records.len(),
+        ok,
+        error_total: errors.values().sum(),
+        errors,
+        rejected,
+        unfinished: out.unfinished,
+        ttft: Summary::of(&ttft),
+        e2e: Summary::of(&e2e),
+        itl: Summary::of(&itl),
+        throughput_rps: ratio(ok as f64, out.wall_s),
+        output_tokens_per_s: ratio(out_tokens as f64, out.wall_s),
+        output_mismatch: mismatch,
+        hit_ratio: fleet.map(|f| f.hit_ratio),
+        hit_ratio_reported: reported.then(|| ratio(cached as f64, prompt as f64)),
+        instance_share,
+        share_source,
+        wall_s: out.wall_s,
+        mean_send_lag_s: out.mean_send_lag_s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prompt::ApiKind;
+    use crate::replay::RequestRecord;
+
+    fn rec(i: usize, outcome: Outcome, ttft: f64, inst: Option<&str>) -> RequestRecord {
+        RequestRecord {
+            index: i,
+            scheduled_at_s: 0.0,
+            sent_at_s: 0.0,
+            input_length: 10,
+            output_length: 2,
+            ttft_s: Some(ttft),
+            e2e_s: Some(ttft * 2.0),
+            itl_mean_s: None,
+            itl_max_s: None,
+            prompt_tokens: Some(10),
+            completion_tokens: 2,
+            cached_tokens: Some(5),
+            instance: inst.map(str::to_string),
+            outcome,
+        }
+    }
+
+    #[test]
+    fn counts_and_shares() {
+        let out = ReplayOutput {
+            records: vec![
+                rec(0, Outcome::Ok, 1.0, Some("a")),
+                rec(1, Outcome::Ok, 3.0, Some("b")),
+                rec(2, Outcome::Ok, 2.0, Some("a")),
+                rec(3, Outcome::Rejected { status: 429 }, 0.0, None),
+                rec(
+                    4,
+                    Outcome::Error {
+                        class: ErrorClass::Http5xx,
+                    },
+                    0.0,
+                    None,
+                ),
+            ],
+            unfinished: 0,
+            wall_s: 2.0,
+            mean_send_lag_s: 0.0,
+            api: ApiKind::Chat,
+        };
+        let s = summarise(&out, None, &[]);
+        assert_eq!((s.sent, s.ok, s.rejected, s.error_total), (5, 3, 1, 1));
+        assert_eq!(s.errors["http_5xx"], 1);
+        assert_eq!(s.ttft.p50, 2.0);
+        assert_eq!(s.throughput_rps, 1.5);
+        assert_eq!(s.share_source, ShareSource::Header);
+        assert!((s.instance_share["a"] - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!(s.hit_ratio_reported, Some(0.5));
+        assert_eq!(s.hit_ratio, None);
+        // Without headers the engines' counters decide.
+        let mut out2 = out.clone();
+        for r in &mut out2.records {
+            r.instance = None;
+        }
+        let f = FleetDelta {
+            hit_ratio: 0.4,
+            requests_per_engine: vec![1.0, 3.0],
+            ..Default::default()
+        };
+        let s = summarise(&out2, Some(&f), &["x".into(), "y".into()]);
+        assert_eq!(s.share_source, ShareSource::EngineMetrics);
+        assert_eq!(s.instance_share["y"], 0.75);
+        assert_eq!(s.hit_ratio, Some(0.4));
+    }
+}
