@@ -5,7 +5,11 @@
 //!   pinned by running requests) or *free* (in the free queue, a doubly linked list).
 //! - A full prompt block, once computed, is *cached*: its hash maps to the physical block. A cached
 //!   block stays cached after its requests finish (it sits in the free queue) until its space is
-//!   reused; reuse takes the free queue's head, and a cached head is *evicted* (`BlockRemoved`).
+//!   needed.
+//! - Allocation takes free blocks that hold no cached hash first (never-used blocks, partial
+//!   tails, decode blocks), and only then the head of the cached free queue, which is *evicted*
+//!   (`BlockRemoved`). This order is what a real vLLM 0.32 shows (see docs/simulator.md: with 48
+//!   blocks it evicted exactly as many blocks as this rule predicts).
 //! - Requests free their blocks in reverse order (tail first), so the end of a prompt is evicted
 //!   before its beginning, exactly like vLLM.
 //! - A prefix hit on a free cached block removes it from the free queue (it is pinned again).
@@ -67,9 +71,11 @@ pub struct PrefixHit {
 pub struct BlockPool {
     block_size: u32,
     slots: Vec<Slot>,
-    /// Free queue head / tail (head = next to be reused).
+    /// Cached free queue head / tail (head = next to be evicted).
     head: u32,
     tail: u32,
+    /// Free blocks holding no cached hash (reused before any cached block).
+    uncached_free: Vec<u32>,
     num_free: u32,
     map: AHashMap<u64, u32>,
     cpu_capacity: usize,
@@ -92,6 +98,7 @@ impl BlockPool {
             slots: Vec::with_capacity(capacity as usize),
             head: NIL,
             tail: NIL,
+            uncached_free: Vec::with_capacity(capacity as usize),
             num_free: 0,
             map: AHashMap::with_capacity(capacity as usize),
             cpu_capacity,
@@ -115,7 +122,8 @@ impl BlockPool {
                 tokens: None,
             });
         }
-        for id in 0..capacity {
+        // Reversed so that `pop` hands out block 0 first.
+        for id in (0..capacity).rev() {
             pool.push_free(id);
         }
         pool
@@ -218,17 +226,27 @@ impl BlockPool {
         }
     }
 
-    /// Takes `n` blocks from the free queue head, evicting cached ones. `None` (and nothing
-    /// taken) when fewer than `n` are free.
+    /// Takes `n` free blocks: uncached ones first, then the cached free queue's head (evicting).
+    /// `None` (and nothing taken) when fewer than `n` are free.
     pub fn allocate(&mut self, n: u32) -> Option<Vec<u32>> {
         if n > self.num_free {
             return None;
         }
         let mut out = Vec::with_capacity(n as usize);
         for _ in 0..n {
-            let id = self.head;
-            self.unlink(id);
-            self.evict_slot(id);
+            let id = match self.uncached_free.pop() {
+                Some(id) => {
+                    self.slots[id as usize].in_free = false;
+                    self.num_free -= 1;
+                    id
+                }
+                None => {
+                    let id = self.head;
+                    self.unlink(id);
+                    self.evict_slot(id);
+                    id
+                }
+            };
             self.slots[id as usize].ref_cnt = 1;
             out.push(id);
         }
@@ -331,6 +349,16 @@ impl BlockPool {
             slot.cached = false;
             slot.tokens = None;
             slot.parent = None;
+            slot.in_free = false;
+            slot.prev = NIL;
+            slot.next = NIL;
+        }
+        self.head = NIL;
+        self.tail = NIL;
+        self.uncached_free.clear();
+        self.num_free = 0;
+        for id in (0..self.capacity()).rev() {
+            self.push_free(id);
         }
         self.map.clear();
         self.cpu.clear();
@@ -434,6 +462,12 @@ impl BlockPool {
 
     fn push_free(&mut self, id: u32) {
         let slot = &mut self.slots[id as usize];
+        if !slot.cached {
+            slot.in_free = true;
+            self.uncached_free.push(id);
+            self.num_free += 1;
+            return;
+        }
         slot.prev = self.tail;
         slot.next = NIL;
         slot.in_free = true;
@@ -541,6 +575,26 @@ mod tests {
         assert_eq!(removed(&p.drain_events()), vec![2, 1, 4]);
         assert!(p.contains(3) && !p.contains(1));
         p.free(&c);
+    }
+
+    #[test]
+    fn uncached_free_blocks_are_reused_before_evicting() {
+        let mut p = BlockPool::new(4, 4, 0, 100);
+        let a = p.allocate(2).unwrap();
+        p.cache_blocks(&a[..1], &[1], None, None); // a[1] stays a partial, uncached block
+        p.free(&a);
+        let b = p.allocate(1).unwrap();
+        p.free(&b); // freed after a's cached block, still reused first
+        let c = p.allocate(3).unwrap();
+        assert!(p
+            .drain_events()
+            .iter()
+            .all(|e| !matches!(e, KvEvent::BlockRemoved { .. })));
+        assert!(p.contains(1));
+        let d = p.allocate(1).unwrap();
+        assert_eq!(removed(&p.drain_events()), vec![1]);
+        p.free(&c);
+        p.free(&d);
     }
 
     #[test]

@@ -219,7 +219,7 @@ impl EngineModel {
         self.sched.pool.drain_events()
     }
 
-    /// GPU capacity in blocks.
+    /// Usable GPU blocks (`num_gpu_blocks − 1`: one is vLLM's reserved null block).
     pub fn capacity_blocks(&self) -> u32 {
         self.sched.pool.capacity()
     }

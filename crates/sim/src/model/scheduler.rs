@@ -110,8 +110,9 @@ fn blocks_for(tokens: u32, bs: u32) -> u32 {
 
 impl Scheduler {
     pub fn new(params: EngineParams) -> Self {
+        // vLLM reserves one block as its null block: `num_gpu_blocks - 1` are usable.
         let pool = BlockPool::new(
-            params.num_gpu_blocks,
+            params.num_gpu_blocks.saturating_sub(1).max(1),
             params.block_size,
             params.num_cpu_blocks as usize,
             params.max_kv_events as usize,
