@@ -9,5 +9,6 @@ pub mod offline;
 pub mod prompt;
 pub mod replay;
 pub mod report;
+pub mod sizing;
 pub mod stats;
 pub mod trace;

@@ -34,13 +34,22 @@ pub enum ContenderSpec {
         /// Command template printing the router's version.
         version_command: Option<String>,
     },
+    /// An already running endpoint (plain `replay`; not startable by a comparison).
+    Endpoint {
+        /// Display name.
+        name: String,
+        /// Base URL.
+        url: String,
+    },
 }
 
 impl ContenderSpec {
     /// Display name.
     pub fn name(&self) -> &str {
         match self {
-            ContenderSpec::Kvgate { name, .. } | ContenderSpec::External { name, .. } => name,
+            ContenderSpec::Kvgate { name, .. }
+            | ContenderSpec::External { name, .. }
+            | ContenderSpec::Endpoint { name, .. } => name,
         }
     }
 

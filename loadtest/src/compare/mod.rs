@@ -75,7 +75,8 @@ pub struct ContenderResult {
 }
 
 impl ContenderResult {
-    fn failed(spec: &ContenderSpec, error: String) -> Self {
+    /// A result for a contender that could not run.
+    pub fn failed(spec: &ContenderSpec, error: String) -> Self {
         ContenderResult {
             name: spec.name().to_string(),
             spec: spec.clone(),
@@ -196,6 +197,9 @@ async fn start_router(
             let url = format!("http://127.0.0.1:{}", vars.port);
             Ok((Router::External(r), url, version, Some(cmd)))
         }
+        ContenderSpec::Endpoint { url, .. } => Err(format!(
+            "an existing endpoint ({url}) cannot be run on a fresh fleet; use `replay`"
+        )),
     }
 }
 

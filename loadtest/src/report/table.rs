@@ -1,0 +1,68 @@
+//! The terminal summary table printed at the end of every run.
+
+use std::fmt::Write;
+
+use crate::compare::ContenderResult;
+
+fn secs(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+/// Renders one row per contender: TTFT mean/p50/p90/p99, mean E2E, throughput, errors,
+/// rejections, hit ratio (engines' counters), per-instance share range.
+pub fn render(contenders: &[ContenderResult]) -> String {
+    let mut out = String::new();
+    let name_w = contenders
+        .iter()
+        .map(|c| c.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(10);
+    let _ = writeln!(
+        out,
+        "{:<name_w$} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6} {:>6} {:>6}  share min–max (n)",
+        "contender", "TTFT avg", "p50", "p90", "p99", "E2E avg", "req/s", "errors", "reject", "hit",
+    );
+    for c in contenders {
+        let Some(s) = &c.summary else {
+            let _ = writeln!(
+                out,
+                "{:<name_w$} FAILED: {}",
+                c.name,
+                c.error.as_deref().unwrap_or("unknown error")
+            );
+            continue;
+        };
+        let shares: Vec<f64> = s.instance_share.values().copied().collect();
+        let share = if shares.is_empty() {
+            "-".to_string()
+        } else {
+            let min = shares.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = shares.iter().copied().fold(0.0, f64::max);
+            format!("{:.1}–{:.1} % ({})", min * 100.0, max * 100.0, shares.len())
+        };
+        let _ = writeln!(
+            out,
+            "{:<name_w$} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7.2} {:>6} {:>6} {:>6}  {share}",
+            c.name,
+            secs(s.ttft.mean),
+            secs(s.ttft.p50),
+            secs(s.ttft.p90),
+            secs(s.ttft.p99),
+            secs(s.e2e.mean),
+            s.throughput_rps,
+            s.error_total,
+            s.rejected,
+            s.hit_ratio
+                .map_or("-".to_string(), |h| format!("{:.1}%", h * 100.0)),
+        );
+    }
+    out.push_str("(latencies in seconds; hit ratio from the engines' prefix-cache counters)\n");
+    out
+}
