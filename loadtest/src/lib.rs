@@ -11,4 +11,5 @@ pub mod replay;
 pub mod report;
 pub mod sizing;
 pub mod stats;
+pub mod synth;
 pub mod trace;

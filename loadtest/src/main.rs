@@ -1,1 +1,18 @@
-fn main() {}
+//! `kvgate-loadtest`: trace replay, synthetic workloads, router comparisons, sizing, offline
+//! simulation. Parses flags and dispatches; the work lives in the library.
+
+mod cli;
+
+use clap::Parser;
+
+fn main() -> anyhow::Result<()> {
+    let args = cli::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    cli::run(args)
+}

@@ -45,6 +45,8 @@ pub struct CompareConfig {
     pub log_dir: PathBuf,
     /// Keep every request record in the results.
     pub keep_records: bool,
+    /// Report latencies in engine-model time: wall-clock figures × the fleet's time scale.
+    pub model_time: bool,
 }
 
 /// Everything measured for one contender.
@@ -257,12 +259,19 @@ async fn run_on_fleet(
     router.stop().await;
     let (out, before, after, samples) = measured?;
     let delta = fleet_metrics::delta(&before, &after);
-    let summary = summarise(&out, Some(&delta), &names);
+    let mut summary = summarise(&out, Some(&delta), &names);
+    let scale = if cfg.model_time { cfg.fleet.time_scale } else { 1.0 };
+    summary.scale_time(scale);
+    let mut series = fleet_metrics::series(&samples);
+    for p in &mut series {
+        p.at_s *= scale;
+    }
     let mut ttft_sorted: Vec<f64> = out
         .records
         .iter()
         .filter(|r| matches!(r.outcome, replay::Outcome::Ok))
         .filter_map(|r| r.ttft_s)
+        .map(|t| t * scale)
         .collect();
     ttft_sorted.sort_by(f64::total_cmp);
     Ok(ContenderResult {
@@ -274,7 +283,7 @@ async fn run_on_fleet(
         summary: Some(summary),
         fleet: Some(delta),
         engines: names,
-        series: fleet_metrics::series(&samples),
+        series,
         ttft_sorted,
         records: if cfg.keep_records {
             out.records

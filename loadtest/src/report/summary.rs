@@ -65,6 +65,27 @@ pub struct RunSummary {
     pub mean_send_lag_s: f64,
 }
 
+impl RunSummary {
+    /// Converts wall-clock figures to engine-model time when the engines ran `time_scale` times
+    /// faster than real: latencies are multiplied, rates divided.
+    pub fn scale_time(&mut self, time_scale: f64) {
+        if !(time_scale.is_finite() && time_scale > 0.0) || time_scale == 1.0 {
+            return;
+        }
+        for s in [&mut self.ttft, &mut self.e2e, &mut self.itl] {
+            s.mean *= time_scale;
+            s.p50 *= time_scale;
+            s.p90 *= time_scale;
+            s.p99 *= time_scale;
+            s.max *= time_scale;
+        }
+        self.throughput_rps /= time_scale;
+        self.output_tokens_per_s /= time_scale;
+        self.wall_s *= time_scale;
+        self.mean_send_lag_s *= time_scale;
+    }
+}
+
 /// Summarises a replay; `fleet` adds the engines' view, `engine_names` labels its engines.
 pub fn summarise(
     out: &ReplayOutput,

@@ -1,0 +1,136 @@
+//! Flags shared by several subcommands: where the workload comes from, prompts, output.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use kvgate_loadtest::prompt::{ApiKind, PromptBuilder, TokenCountError};
+use kvgate_loadtest::report::Report;
+use kvgate_loadtest::synth::Workload;
+use kvgate_loadtest::trace::Trace;
+use kvgate_tokenizer::TokenMode;
+
+/// The workload: a trace file or a synthetic generator.
+#[derive(Debug, Clone, Args)]
+pub struct WorkloadArgs {
+    /// Mooncake-format JSONL trace.
+    #[arg(long, conflicts_with = "synth")]
+    pub trace: Option<PathBuf>,
+    /// Synthetic workload instead of a trace: system-prompt, chat, agent, rag, mix.
+    #[arg(long)]
+    pub synth: Option<String>,
+    /// Seed of the synthetic workload and of the prompt text.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Tokens per trace block (the `hash_ids` granularity; 512 for Mooncake traces).
+    #[arg(long, default_value_t = 512)]
+    pub block_tokens: u32,
+    /// Use only the first N requests.
+    #[arg(long)]
+    pub max_requests: Option<usize>,
+    /// Use only requests within this many seconds of trace time from the first.
+    #[arg(long)]
+    pub trace_window_s: Option<f64>,
+}
+
+impl WorkloadArgs {
+    /// Loads (or generates) and slices the workload.
+    pub fn load(&self) -> anyhow::Result<Trace> {
+        let trace = match (&self.trace, &self.synth) {
+            (Some(p), _) => Trace::load_with(p, self.block_tokens)
+                .with_context(|| format!("loading {}", p.display()))?,
+            (None, Some(kind)) => synth_workload(kind)?.generate(self.seed, self.block_tokens)?,
+            (None, None) => bail!("give --trace FILE or --synth KIND"),
+        };
+        let window = match self.trace_window_s {
+            Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
+            Some(s) => bail!("--trace-window-s must be > 0, got {s}"),
+            None => None,
+        };
+        let t = trace.slice(self.max_requests, window);
+        if t.requests.is_empty() {
+            bail!("the workload has no requests");
+        }
+        Ok(t)
+    }
+}
+
+/// A named synthetic workload with default parameters.
+pub fn synth_workload(kind: &str) -> anyhow::Result<Workload> {
+    use kvgate_loadtest::synth::{agent, chat, rag, system_prompt};
+    Ok(match kind {
+        "system-prompt" => Workload::SystemPrompt(system_prompt::SystemPromptParams::default()),
+        "chat" => Workload::Chat(chat::ChatParams::default()),
+        "agent" => Workload::Agent(agent::AgentParams::default()),
+        "rag" => Workload::Rag(rag::RagParams::default()),
+        "mix" => Workload::default_mix(),
+        other => bail!("unknown workload {other:?}: system-prompt, chat, agent, rag, mix"),
+    })
+}
+
+/// Prompt synthesis flags.
+#[derive(Debug, Clone, Args)]
+pub struct PromptArgs {
+    /// API to call.
+    #[arg(long, value_enum, default_value = "chat")]
+    pub api: ApiKind,
+    /// Model directory with tokenizer.json (and chat template) the engines use; default: built-in.
+    #[arg(long)]
+    pub tokenizer_dir: Option<PathBuf>,
+    /// Requests tokenised exactly to measure the prompt-length error.
+    #[arg(long, default_value_t = 200)]
+    pub verify_tokens: usize,
+}
+
+impl PromptArgs {
+    /// The prompt builder and its measured token-count error on `trace`.
+    pub fn builder(
+        &self,
+        trace: &Trace,
+        seed: u64,
+    ) -> anyhow::Result<(PromptBuilder, TokenCountError)> {
+        let mode = match &self.tokenizer_dir {
+            Some(d) => TokenMode::from_model_dir(d)
+                .with_context(|| format!("tokenizer {}", d.display()))?,
+            None => TokenMode::builtin().context("built-in tokenizer")?,
+        };
+        let b = PromptBuilder::new(mode, self.api, trace.block_tokens, seed)?;
+        let e = b.measure_error(&trace.requests, self.verify_tokens)?;
+        eprintln!(
+            "prompts: {} single-token words, template overhead {} tokens; token count vs input_length \
+             over {} requests: mean |error| {:.2}, max {}",
+            b.pool_size(),
+            e.overhead_tokens,
+            e.checked,
+            e.mean_abs,
+            e.max_abs
+        );
+        Ok((b, e))
+    }
+}
+
+/// Output flags.
+#[derive(Debug, Clone, Args)]
+pub struct OutputArgs {
+    /// Directory for results.json, report.html and router logs.
+    #[arg(long, default_value = "loadtest-results")]
+    pub out: PathBuf,
+}
+
+impl OutputArgs {
+    /// Writes the JSON and HTML files and prints where they are.
+    pub fn write(&self, report: &Report) -> anyhow::Result<()> {
+        let json = self.out.join("results.json");
+        let html = self.out.join("report.html");
+        report.write_json(&json)?;
+        report.write_html(&html)?;
+        eprintln!("results: {}\nreport:  {}", json.display(), html.display());
+        Ok(())
+    }
+}
+
+/// The process's command line, as run.
+pub fn command_line() -> Vec<String> {
+    std::env::args().collect()
+}

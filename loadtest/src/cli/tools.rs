@@ -1,0 +1,130 @@
+//! `synth`, `trace-stats`, `size`: offline helpers around traces.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use kvgate_loadtest::sizing::{self, FleetShape};
+use kvgate_loadtest::synth::Workload;
+
+use super::common::{synth_workload, WorkloadArgs};
+
+/// Flags of `synth`.
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    /// Workload: system-prompt, chat, agent, rag, mix.
+    #[arg(long, default_value = "mix")]
+    pub workload: String,
+    /// JSON file with the workload and its parameters (overrides --workload), e.g.
+    /// `{"kind":"chat","conversations":100,"turns":8}`.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Tokens per block.
+    #[arg(long, default_value_t = 512)]
+    pub block_tokens: u32,
+    /// Output JSONL file.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+pub fn synth(a: SynthArgs) -> anyhow::Result<()> {
+    let w: Workload = match &a.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("{}", p.display()))?;
+            serde_json::from_str(&text).with_context(|| format!("{}", p.display()))?
+        }
+        None => synth_workload(&a.workload)?,
+    };
+    let t = w.generate(a.seed, a.block_tokens)?;
+    t.save(&a.out)?;
+    let s = t.stats();
+    eprintln!(
+        "wrote {} requests over {:.0} s to {} (infinite-cache hit bound {:.1} % of tokens)",
+        s.requests,
+        s.duration_s,
+        a.out.display(),
+        s.infinite_hit_ratio_tokens * 100.0
+    );
+    Ok(())
+}
+
+/// Flags of `trace-stats`.
+#[derive(Debug, Args)]
+pub struct TraceStatsArgs {
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+}
+
+pub fn trace_stats(a: TraceStatsArgs) -> anyhow::Result<()> {
+    let t = a.workload.load()?;
+    println!("{}", serde_json::to_string_pretty(&t.stats())?);
+    let ws = sizing::working_set(&t);
+    println!("{}", serde_json::to_string_pretty(&ws)?);
+    Ok(())
+}
+
+/// Flags of `size`.
+#[derive(Debug, Args)]
+pub struct SizeArgs {
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Engines.
+    #[arg(long, default_value_t = 8)]
+    pub engines: usize,
+    /// Engine model/GPU class (simulator preset).
+    #[arg(long, default_value = "llama3-8b-h100")]
+    pub preset: String,
+    /// GPU KV memory per engine, GiB.
+    #[arg(long)]
+    pub kv_memory_gib: Option<f64>,
+    /// GPU KV blocks per engine (overrides memory).
+    #[arg(long)]
+    pub gpu_blocks: Option<u32>,
+    /// CPU-offload blocks per engine.
+    #[arg(long)]
+    pub cpu_blocks: Option<u32>,
+    /// Also compute the no-queue TTFT floor (engine model; slower).
+    #[arg(long)]
+    pub floor: bool,
+}
+
+pub fn size(a: SizeArgs) -> anyhow::Result<()> {
+    let t = a.workload.load()?;
+    let shape = FleetShape::new(
+        &a.preset,
+        a.engines,
+        a.kv_memory_gib,
+        a.gpu_blocks,
+        a.cpu_blocks,
+    )?;
+    let r = sizing::size(&t, &shape, a.floor)?;
+    println!("{}", serde_json::to_string_pretty(&r)?);
+    let gib = |tokens: u64| tokens as f64 * r.bytes_per_token as f64 / f64::from(1u32 << 30);
+    eprintln!(
+        "\n{} × {}: {:.2} M tokens of KV per engine ({:.1} GiB), fleet {:.1} M; working set {:.1} M tokens.\n\
+         hit ratio: one engine-sized LRU {:.1} %, fleet-sized LRU {:.1} %, infinite cache {:.1} %.\n\
+         suggestion: {} GPU blocks per engine ({:.2} M tokens, {:.1} GiB) → fleet-sized LRU {:.1} %{}",
+        a.engines,
+        a.preset,
+        r.engine_capacity_tokens as f64 / 1e6,
+        gib(r.engine_capacity_tokens),
+        r.fleet_capacity_tokens as f64 / 1e6,
+        r.working_set.distinct_tokens as f64 / 1e6,
+        r.single_engine_lru_hit_ratio * 100.0,
+        r.fleet_lru_hit_ratio * 100.0,
+        r.infinite_hit_ratio * 100.0,
+        r.suggestion.gpu_blocks,
+        r.suggestion.gpu_tokens as f64 / 1e6,
+        r.suggestion.kv_memory_gib,
+        r.suggestion.fleet_lru_hit_ratio * 100.0,
+        if r.one_engine_holds_working_set {
+            "\nwarning: one engine holds the whole working set; routing for cache hits hardly matters"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
