@@ -92,7 +92,7 @@ impl Default for GossipConfig {
             prediction_ttl_ms: 120_000,
             log_max_bytes: 16 * 1024 * 1024,
             max_pending_hashes: 1 << 20,
-            snapshot_bytes_per_s: 32 * 1024 * 1024,
+            snapshot_bytes_per_s: 8 * 1024 * 1024,
             max_clock_skew_ms: 30_000,
             forget_dead_peer_placements: true,
         }

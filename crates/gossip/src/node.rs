@@ -127,6 +127,8 @@ pub(crate) struct PeerState {
     /// Outstanding snapshot request: (request id, last progress, attempts).
     pub snapshot: Option<(u64, Millis, u32)>,
     pub last_snapshot_served: Option<Millis>,
+    /// A snapshot for this peer is queued or being sent.
+    pub serving_snapshot: bool,
 }
 
 /// Sum of live peers' shares, indexed by `InstanceId::index()`.

@@ -2,8 +2,10 @@
 //! fell too far behind for the resend log.
 //!
 //! Invariants:
-//! - At most `SNAPSHOT_SLOTS` snapshots are produced at once and one per requester per
-//!   `SERVE_EVERY_MS`; collection runs on the blocking pool, never on the receive loop.
+//! - At most `SNAPSHOT_SLOTS` snapshots are produced at once (others wait for a slot), at most one
+//!   per requester at a time and none within `SERVE_EVERY_MS` of the last one it got (so the
+//!   waiting tasks are bounded by the peer table); collection runs on the blocking pool, never on
+//!   the receive loop.
 //! - Transfer is paced at `snapshot_bytes_per_s`, so a large snapshot cannot overrun the
 //!   requester's socket buffer or the network.
 //! - Chunks are self-contained: losing one loses only its entries (the requester re-asks when the
@@ -26,7 +28,8 @@ const SERVE_EVERY_MS: u64 = 500;
 /// Expiry times are grouped to this granularity (TTLs are rounded down by less than this).
 const TTL_BUCKET_MS: u64 = 1_000;
 
-/// Starts serving a snapshot to `node` at `to` (no-op when rate-limited or busy).
+/// Starts serving a snapshot to `node` at `to`. A requester already being served (or queued)
+/// is not served twice; requests beyond the concurrent slots wait for one.
 pub(crate) fn serve(inner: &Arc<Inner>, node: u64, to: SocketAddr, request_id: u64) {
     let now = inner.now();
     {
@@ -34,29 +37,28 @@ pub(crate) fn serve(inner: &Arc<Inner>, node: u64, to: SocketAddr, request_id: u
         let Some(p) = peers.get_mut(&node) else {
             return;
         };
-        if p.last_snapshot_served
-            .is_some_and(|t| now.saturating_sub(t) < SERVE_EVERY_MS)
+        if p.serving_snapshot
+            || p.last_snapshot_served
+                .is_some_and(|t| now.saturating_sub(t) < SERVE_EVERY_MS)
         {
             return;
         }
-        p.last_snapshot_served = Some(now);
+        p.serving_snapshot = true;
     }
-    let Ok(permit) = inner.snapshot_slots.clone().try_acquire_owned() else {
-        tracing::debug!(%to, "gossip: snapshot slots busy; requester will retry");
-        return;
-    };
     let inner = inner.clone();
     tokio::spawn(async move {
-        let _permit = permit;
-        let collector = inner.clone();
-        let groups = match tokio::task::spawn_blocking(move || collect(&collector)).await {
-            Ok(g) => g,
-            Err(e) => {
-                tracing::warn!(error = %e, "gossip: snapshot collection failed");
-                return;
+        if let Ok(_permit) = inner.snapshot_slots.clone().acquire_owned().await {
+            let collector = inner.clone();
+            match tokio::task::spawn_blocking(move || collect(&collector)).await {
+                Ok(groups) => send(&inner, node, to, request_id, groups).await,
+                Err(e) => tracing::warn!(error = %e, "gossip: snapshot collection failed"),
             }
-        };
-        send(&inner, node, to, request_id, groups).await;
+        }
+        let now = inner.now();
+        if let Some(p) = inner.peers.lock().get_mut(&node) {
+            p.serving_snapshot = false;
+            p.last_snapshot_served = Some(now);
+        }
     });
 }
 
