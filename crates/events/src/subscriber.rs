@@ -100,9 +100,7 @@ pub struct EventsHandle {
 
 impl Drop for EventsHandle {
     fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
+        self.stop();
     }
 }
 
@@ -195,6 +193,13 @@ impl EventsHandle {
             handle.instances.insert(src.instance, inst);
         }
         Ok(handle)
+    }
+
+    /// Stops every task (also done on drop). Status stays readable.
+    pub fn stop(&self) {
+        for t in &self.tasks {
+            t.abort();
+        }
     }
 
     /// Tells silence detection that a request was dispatched to `instance`. Cheap (one atomic).
