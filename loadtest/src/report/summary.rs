@@ -128,6 +128,10 @@ pub fn summarise(
         errors.entry(c.as_str()).or_default();
     }
     let (instance_share, share_source) = if ok > 0 && all_have_header {
+        // Instances that served nothing still belong in the share table.
+        for n in engine_names {
+            by_header.entry(n.clone()).or_default();
+        }
         (shares(&by_header), ShareSource::Header)
     } else if let Some(f) = fleet.filter(|f| f.requests_per_engine.iter().sum::<f64>() > 0.0) {
         let counts: BTreeMap<String, u64> = f
@@ -215,7 +219,8 @@ mod tests {
             mean_send_lag_s: 0.0,
             api: ApiKind::Chat,
         };
-        let s = summarise(&out, None, &[]);
+        let s = summarise(&out, None, &["a".into(), "b".into(), "c".into()]);
+        assert_eq!(s.instance_share["c"], 0.0);
         assert_eq!((s.sent, s.ok, s.rejected, s.error_total), (5, 3, 1, 1));
         assert_eq!(s.errors["http_5xx"], 1);
         assert_eq!(s.ttft.p50, 2.0);
