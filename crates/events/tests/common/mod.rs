@@ -201,3 +201,21 @@ pub fn credited(index: &PlacementIndex, instance: InstanceId, tokens: &[u32]) ->
 pub fn toks(start: u32, n: usize) -> Vec<u32> {
     (start..start + n as u32).collect()
 }
+
+/// Leading blocks of `tokens` credited to `instance` under `model` with block size `bs`.
+pub fn credited_in(
+    index: &PlacementIndex,
+    instance: InstanceId,
+    model: &str,
+    bs: u32,
+    tokens: &[u32],
+) -> u32 {
+    let ns = Namespace {
+        model,
+        lora: None,
+        cache_salt: None,
+    };
+    let mut out = PrefixMatches::default();
+    index.match_prefix(&token_chain(&ns, tokens, bs as usize), 1, &mut out);
+    out.get(instance).total()
+}
