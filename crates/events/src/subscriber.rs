@@ -82,11 +82,10 @@ impl InstanceEvents {
             0 => self.started_ms,
             t => t,
         };
-        let waiting = self.dispatches.load(Ordering::Relaxed)
-            - self
-                .dispatches_at_last_message
-                .load(Ordering::Relaxed)
-                .min(self.dispatches.load(Ordering::Relaxed));
+        let waiting = self
+            .dispatches
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.dispatches_at_last_message.load(Ordering::Relaxed));
         now.saturating_sub(last) >= cfg.silence_threshold_ms && waiting >= cfg.silence_min_requests
     }
 }
