@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run -p kvgate-gossip --release --example bench -- [--scenario chat|fresh|both]
-//!     [--secs 15] [--rate 250] [--nodes 4] [--instances 8] [--block-tokens 16]
+//!     [--secs 15] [--rate 250] [--nodes 4] [--instances 8] [--block-tokens 16] [--stride 1]
 //! ```
 //!
 //! Scenarios:
@@ -43,6 +43,7 @@ struct Args {
     nodes: usize,
     instances: usize,
     block_tokens: usize,
+    stride: usize,
 }
 
 fn parse_args() -> Result<Args> {
@@ -53,6 +54,7 @@ fn parse_args() -> Result<Args> {
         nodes: 4,
         instances: 8,
         block_tokens: 16,
+        stride: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -71,6 +73,7 @@ fn parse_args() -> Result<Args> {
             "--nodes" => a.nodes = v.parse()?,
             "--instances" => a.instances = v.parse()?,
             "--block-tokens" => a.block_tokens = v.parse()?,
+            "--stride" => a.stride = v.parse()?,
             _ => bail!("unknown flag {k}"),
         }
     }
@@ -91,7 +94,8 @@ struct Node {
     addr: SocketAddr,
 }
 
-async fn start_node(bind: SocketAddr, seeds: &[SocketAddr], instances: usize) -> Result<Node> {
+async fn start_node(bind: SocketAddr, seeds: &[SocketAddr], args: &Args) -> Result<Node> {
+    let instances = args.instances;
     let index = Arc::new(PlacementIndex::new(IndexConfig {
         shards: 64,
         max_entries: 8 << 20,
@@ -111,6 +115,7 @@ async fn start_node(bind: SocketAddr, seeds: &[SocketAddr], instances: usize) ->
         probe_rtt_ms: 200,
         suspect_to_down_ms: 1_500,
         seed_interval_ms: 500,
+        checkpoint_stride: args.stride,
         ..GossipConfig::default()
     };
     let clock: Clock = Arc::new(now_ms);
@@ -216,6 +221,7 @@ fn decide(
     rng: &mut Rng,
 ) -> (InstanceId, usize) {
     let now = now_ms();
+    node.gossip.materialize(prompt, now);
     let mut m = PrefixMatches::default();
     node.index.match_prefix(prompt, now, &mut m);
     let best = m
@@ -227,8 +233,7 @@ fn decide(
         _ => (InstanceId(rng.below(instances as u64) as u32), 0),
     };
     node.index.predict(inst, prompt, Source::Local, TTL_MS, now);
-    node.gossip
-        .record_decision(inst, &prompt[matched.min(prompt.len())..], now);
+    node.gossip.record_decision(inst, prompt, matched, now);
     (inst, prompt.len() - matched.min(prompt.len()))
 }
 
@@ -252,6 +257,9 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// Recent prompts with the instance they were routed to.
+type Samples = Vec<(InstanceId, Vec<BlockHash>)>;
+
 async fn run(args: &Args, scenario: Scenario, snap: &Snapshotter) -> Result<()> {
     let name = if scenario == Scenario::Chat {
         "chat"
@@ -259,18 +267,19 @@ async fn run(args: &Args, scenario: Scenario, snap: &Snapshotter) -> Result<()> 
         "fresh"
     };
     println!(
-        "\n== scenario {name}: {} replicas x {} decisions/s, ~8K-token prompts ({} blocks of {} tokens), {} s",
+        "\n== scenario {name}: {} replicas x {} decisions/s, ~8K-token prompts ({} blocks of {} tokens), checkpoint stride {}, {} s",
         args.nodes,
         args.rate,
         8192 / args.block_tokens,
         args.block_tokens,
+        args.stride,
         args.secs
     );
     let any: SocketAddr = "127.0.0.1:0".parse()?;
-    let mut nodes = vec![Arc::new(start_node(any, &[], args.instances).await?)];
+    let mut nodes = vec![Arc::new(start_node(any, &[], args).await?)];
     let seed = nodes[0].addr;
     for _ in 1..args.nodes {
-        nodes.push(Arc::new(start_node(any, &[seed], args.instances).await?));
+        nodes.push(Arc::new(start_node(any, &[seed], args).await?));
     }
     let t0 = Instant::now();
     while nodes.iter().any(|n| n.gossip.live_peers() < args.nodes - 1) {
@@ -293,7 +302,7 @@ async fn run(args: &Args, scenario: Scenario, snap: &Snapshotter) -> Result<()> 
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.secs);
     // Recent prompts per origin, to check catch-up after the restart.
-    let recent: Arc<Mutex<Vec<(InstanceId, Vec<BlockHash>)>>> = Arc::default();
+    let recent: Arc<Mutex<Samples>> = Arc::default();
     let mut tasks = Vec::new();
     for (ni, node) in nodes.iter().enumerate() {
         let node = node.clone();
@@ -385,12 +394,13 @@ async fn run(args: &Args, scenario: Scenario, snap: &Snapshotter) -> Result<()> 
     }
     let sample = recent.lock().clone();
     let t_restart = Instant::now();
-    let fresh = start_node(addr, &[seed], args.instances).await?;
+    let fresh = start_node(addr, &[seed], args).await?;
     let mut done = false;
     while t_restart.elapsed() < Duration::from_secs(30) {
         let mut m = PrefixMatches::default();
         let now = now_ms();
         let ok = sample.iter().all(|(inst, p)| {
+            fresh.gossip.materialize(p, now);
             fresh.index.match_prefix(p, now, &mut m);
             m.get(*inst).total() as usize == p.len()
         });

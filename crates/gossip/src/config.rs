@@ -58,6 +58,14 @@ pub struct GossipConfig {
     pub prediction_ttl_ms: u64,
     /// Bound on the log of recently sent delta batches kept for resends to peers that missed one.
     pub log_max_bytes: usize,
+    /// Share a decision as every `checkpoint_stride`-th block hash (plus its last) instead of every
+    /// block hash: `checkpoint_stride`× less placement traffic, at the price of matching peers'
+    /// placements at that granularity. 1 = every hash, applied to the index on arrival; above 1
+    /// the gateway must call `Gossip::materialize` before matching a prompt. Must be the same on
+    /// every replica.
+    pub checkpoint_stride: usize,
+    /// Bound on checkpoint hashes received from peers and not yet materialized.
+    pub max_checkpoints: usize,
     /// Bound on block hashes waiting for the next flush; beyond it the oldest decisions are dropped
     /// (and counted).
     pub max_pending_hashes: usize,
@@ -91,6 +99,8 @@ impl Default for GossipConfig {
             peer_ttl_ms: 5_000,
             prediction_ttl_ms: 120_000,
             log_max_bytes: 16 * 1024 * 1024,
+            checkpoint_stride: 1,
+            max_checkpoints: 1 << 20,
             max_pending_hashes: 1 << 20,
             snapshot_bytes_per_s: 8 * 1024 * 1024,
             max_clock_skew_ms: 30_000,
@@ -169,6 +179,12 @@ impl GossipConfig {
         }
         if self.log_max_bytes < self.max_message_bytes {
             return Err(err("log_max_bytes", "must hold at least one message"));
+        }
+        if !(1..=1024).contains(&self.checkpoint_stride) {
+            return Err(err("checkpoint_stride", "must be within 1..=1024"));
+        }
+        if self.max_checkpoints == 0 {
+            return Err(err("max_checkpoints", "must be positive"));
         }
         if self.max_pending_hashes == 0 {
             return Err(err("max_pending_hashes", "must be positive"));

@@ -92,7 +92,7 @@ async fn emit(inner: &Inner, b: EntriesBuilder, dests: &[(u64, std::net::SocketA
         let mut log = inner.log.lock();
         let seq = log.next_seq;
         log.next_seq += 1;
-        payload::encode_delta(seq, b, &mut buf);
+        payload::encode_delta(seq, inner.cfg.checkpoint_stride as u64, b, &mut buf);
         log.push(seq, Arc::from(buf.as_slice()), inner.cfg.log_max_bytes);
         seq
     };

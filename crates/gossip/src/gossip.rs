@@ -7,6 +7,7 @@
 //! - `shutdown` leaves the cluster gracefully (peers see this replica leave at once instead of
 //!   after a failure-detection timeout) and waits for every task.
 
+use crate::checkpoints::{checkpoint_positions, Checkpoints};
 use crate::directory::InstanceDirectory;
 use crate::membership::{self, NodeIdentity};
 use crate::node::{Clock, Inner, PendingDecision, Stats};
@@ -19,7 +20,7 @@ use kvgate_core::load::RouterLoad;
 use kvgate_core::{BlockHash, InstanceId, Millis};
 use parking_lot::Mutex;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -145,6 +146,7 @@ impl Gossip {
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0);
         let (membership_tx, membership_rx) = mpsc::channel(1024);
+        let (cfg_stride, cfg_max_checkpoints) = (cfg.checkpoint_stride, cfg.max_checkpoints);
         let inner = Arc::new(Inner {
             keys: Keys::new(&cfg.cluster_id, cfg.secret.as_bytes()),
             cfg,
@@ -163,6 +165,8 @@ impl Gossip {
             agg: Default::default(),
             stats: Stats::default(),
             membership_tx,
+            checkpoints: Checkpoints::new(cfg_stride, cfg_max_checkpoints),
+            has_checkpoints: AtomicBool::new(false),
             snapshot_slots: Arc::new(Semaphore::new(snapshot::SNAPSHOT_SLOTS)),
         });
         let (shutdown, rx) = watch::channel(false);
@@ -193,30 +197,48 @@ impl Gossip {
         })
     }
 
-    /// Shares a routing decision: `instance` will hold `hashes`.
+    /// Shares a routing decision: `instance` will hold the prompt whose block chain is `hashes`.
     ///
-    /// Pass only the blocks this decision adds, i.e. `&hashes[matched..]` where `matched` is the
-    /// leading run the index already held on `instance` before the decision (from any source):
-    /// peers already know those. `now` is the caller's monotonic clock. Cheap: one short lock and
-    /// a copy; the send happens on the next flush.
-    pub fn record_decision(&self, instance: InstanceId, hashes: &[BlockHash], now: Millis) {
-        if hashes.is_empty() {
+    /// `known` is the leading run of `hashes` the index already held on `instance` before the
+    /// decision (from any source; the chosen instance's match): peers already know those blocks,
+    /// so only the rest is sent (or, with `checkpoint_stride` > 1, its checkpoints). `now` is the
+    /// caller's monotonic clock. Cheap: one short lock and a copy; sending happens on the next
+    /// flush.
+    pub fn record_decision(
+        &self,
+        instance: InstanceId,
+        hashes: &[BlockHash],
+        known: usize,
+        now: Millis,
+    ) {
+        let known = known.min(hashes.len());
+        if known == hashes.len() {
             return;
         }
         let Some(key) = self.inner.directory.key_of(instance) else {
             return;
         };
+        let stride = self.inner.cfg.checkpoint_stride;
+        let selected: Vec<BlockHash> = if stride > 1 {
+            checkpoint_positions(known, hashes.len(), stride)
+                .map(|j| hashes[j])
+                .collect()
+        } else {
+            hashes[known..].to_vec()
+        };
         let max = self.inner.cfg.max_pending_hashes;
-        let hashes = &hashes[..hashes.len().min(max)];
+        let mut selected = selected;
+        selected.truncate(max);
+        let n = selected.len();
         let d = PendingDecision {
             key,
             at: now,
             wall: crate::node::wall_ms(),
-            hashes: hashes.to_vec(),
+            hashes: selected,
         };
         let mut p = self.inner.pending.lock();
         let mut dropped = 0u64;
-        while p.hashes + hashes.len() > max {
+        while p.hashes + n > max {
             match p.items.pop_front() {
                 Some(old) => {
                     p.hashes -= old.hashes.len();
@@ -225,13 +247,26 @@ impl Gossip {
                 None => break,
             }
         }
-        p.hashes += hashes.len();
+        p.hashes += n;
         p.items.push_back(d);
         p.dropped += dropped;
         drop(p);
         if dropped > 0 {
             metrics::counter!(crate::metrics::DROPPED_DECISIONS_TOTAL).increment(dropped);
         }
+    }
+
+    /// Turns peers' checkpoints found in `hashes` (a prompt's block chain) into `Source::Peer`
+    /// predictions in the index. Call before matching a prompt; a no-op (one atomic load) unless
+    /// peers share checkpoints (`checkpoint_stride` > 1). Returns how many instances gained a
+    /// prefix.
+    pub fn materialize(&self, hashes: &[BlockHash], now: Millis) -> usize {
+        if !self.inner.has_checkpoints.load(Ordering::Relaxed) {
+            return 0;
+        }
+        self.inner
+            .checkpoints
+            .materialize(hashes, now, self.inner.store.as_ref())
     }
 
     /// Publishes this replica's router-tracked load per instance (full state; call periodically,

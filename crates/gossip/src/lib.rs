@@ -82,6 +82,7 @@
 //! membership channel by 1,024 packets, and snapshots in flight by 2; received predictions live in
 //! the index, under the index's own bounds.
 
+pub mod checkpoints;
 pub mod config;
 pub mod directory;
 mod flush;

@@ -7,6 +7,7 @@
 //!   the housekeeping tick, so reads are one short read lock.
 //! - The peer table holds at most `MAX_PEERS` entries (authenticated senders only).
 
+use crate::checkpoints::Checkpoints;
 use crate::directory::InstanceDirectory;
 use crate::membership::{MemberView, MembershipInput, NodeIdentity};
 use crate::store::PlacementStore;
@@ -21,7 +22,7 @@ use kvgate_core::{BlockHash, InstanceId, Millis};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::{mpsc, Semaphore};
 
@@ -167,6 +168,9 @@ pub(crate) struct Inner {
     pub agg: RwLock<Aggregate>,
     pub stats: Stats,
     pub membership_tx: mpsc::Sender<MembershipInput>,
+    pub checkpoints: Checkpoints,
+    /// Set once any checkpoint arrived; lets `materialize` return at once in full-hash clusters.
+    pub has_checkpoints: AtomicBool,
     pub snapshot_slots: Arc<Semaphore>,
 }
 
@@ -256,8 +260,14 @@ impl Inner {
         p.bytes_in += bytes as u64;
     }
 
-    /// Applies predictions received from `from` (None = no lag sample, e.g. snapshots).
-    pub fn apply_entries(&self, from: u64, entries: &[Entry]) {
+    /// Applies predictions received from `from`: full hash lists (`stride` 1) go to the index,
+    /// checkpoints to the checkpoint store. Entries without a decision time (snapshots) give no
+    /// lag sample.
+    pub fn apply_entries(&self, from: u64, entries: &[Entry], stride: u64) {
+        if stride > 1 && stride != self.cfg.checkpoint_stride as u64 {
+            // Still usable (each decision's last block is a checkpoint), but misconfigured.
+            self.count_reject("stride_mismatch");
+        }
         let now = self.now();
         let wall = wall_ms();
         let mut lag: Option<u64> = None;
@@ -270,7 +280,12 @@ impl Inner {
             if ttl == 0 || e.hashes.is_empty() {
                 continue;
             }
-            self.store.predict_peer(id, &e.hashes, ttl, now);
+            if stride > 1 {
+                self.checkpoints.insert(id, &e.hashes, ttl, now);
+                self.has_checkpoints.store(true, Ordering::Relaxed);
+            } else {
+                self.store.predict_peer(id, &e.hashes, ttl, now);
+            }
             if e.decided_wall_ms != 0 {
                 let l = wall.saturating_sub(e.decided_wall_ms);
                 metrics::histogram!(m::CONVERGENCE_LAG_SECONDS).record(l as f64 / 1000.0);

@@ -81,8 +81,12 @@ async fn dispatch(
             }
         }
         Kind::Delta => {
-            let (seq, entries) = payload::decode_delta(p)?;
-            inner.apply_entries(h.sender, &entries);
+            let payload::Delta {
+                seq,
+                stride,
+                entries,
+            } = payload::decode_delta(p)?;
+            inner.apply_entries(h.sender, &entries, stride);
             if let Some((from, to)) = inner.track_seq(h.sender, seq) {
                 if to - from < MAX_RESEND_SPAN {
                     let mut buf = Vec::new();
@@ -105,7 +109,7 @@ async fn dispatch(
         }
         Kind::SnapshotChunk => {
             let (ch, entries) = payload::decode_chunk(p)?;
-            inner.apply_entries(h.sender, &entries);
+            inner.apply_entries(h.sender, &entries, 1);
             let now = inner.now();
             let mut peers = inner.peers.lock();
             if let Some(peer) = peers.get_mut(&h.sender) {

@@ -51,6 +51,35 @@ async fn decision_on_one_replica_reaches_the_others() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_mode_converges_with_stride_fewer_bytes() {
+    let c = cluster_with(3, 16).await;
+    let base = c[0].gossip.cluster_status().bytes_out;
+    let prompt = chain(50, 500);
+    c[0].decide(1, &prompt);
+    let ok = wait_until(CONVERGE, || {
+        c[1].holds(1, &prompt) == 500 && c[2].holds(1, &prompt) == 500
+    })
+    .await;
+    assert!(ok, "checkpoints did not converge");
+    // 32 checkpoints instead of 500 hashes, to each of two peers (plus membership and load).
+    let sent = c[0].gossip.cluster_status().bytes_out - base;
+    assert!(sent < 2 * 500 * 8, "sent {sent} bytes");
+    // A prompt sharing only the first 100 blocks matches up to the last checkpoint inside them.
+    let mut branch = prompt[..100].to_vec();
+    branch.extend(chain(51, 50));
+    assert!(wait_until(CONVERGE, || c[2].holds(1, &branch) >= 96).await);
+    // Continuing a conversation on B: only its new turn's checkpoints are shared, and A finds the
+    // whole extended prompt on the same instance.
+    let mut next = prompt.clone();
+    next.extend(chain(52, 64));
+    c[1].decide(1, &next);
+    assert!(wait_until(CONVERGE, || c[0].holds(1, &next) == 564).await);
+    for n in c {
+        n.gossip.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_score_on_each_others_load() {
     let c = cluster(3).await;
     let (a, b) = (&c[0], &c[1]);
@@ -207,7 +236,7 @@ fn sealed_delta(
         hashes,
     );
     let mut payload = Vec::new();
-    encode_delta(0, b, &mut payload);
+    encode_delta(0, 1, b, &mut payload);
     let mut d = Vec::new();
     keys.seal(
         &Header {

@@ -1,7 +1,8 @@
 //! Payload encodings.
 //!
 //! ```text
-//! delta          = seq:varint entries
+//! delta          = seq:varint stride:varint entries   (stride 1: every block hash; above:
+//!                  checkpoints, see `crate::checkpoints`)
 //! snapshot_chunk = request_id:u64 chunk:varint last:u8 entries
 //! entries        = base_wall_ms:varint (0 = unknown) n:varint entry*n
 //! entry          = instance_key:u64 age_ms:varint ttl_ms:varint count:varint hash:u64*count
@@ -134,20 +135,40 @@ pub fn decode_entries(r: &mut Reader<'_>) -> Result<Vec<Entry>, Malformed> {
     Ok(out)
 }
 
+/// A decoded delta batch.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Delta {
+    /// Per-sender batch sequence number.
+    pub seq: u64,
+    /// 1 = entries carry every block hash; n > 1 = checkpoint hashes at stride n.
+    pub stride: u64,
+    /// The decisions.
+    pub entries: Vec<Entry>,
+}
+
 /// Encodes a delta batch.
-pub fn encode_delta(seq: u64, entries: EntriesBuilder, out: &mut Vec<u8>) {
+pub fn encode_delta(seq: u64, stride: u64, entries: EntriesBuilder, out: &mut Vec<u8>) {
     out.clear();
     put_varint(out, seq);
+    put_varint(out, stride);
     entries.finish_into(out);
 }
 
 /// Decodes a delta batch.
-pub fn decode_delta(p: &[u8]) -> Result<(u64, Vec<Entry>), Malformed> {
+pub fn decode_delta(p: &[u8]) -> Result<Delta, Malformed> {
     let mut r = Reader::new(p);
     let seq = r.varint()?;
-    let e = decode_entries(&mut r)?;
+    let stride = r.varint()?;
+    if stride == 0 {
+        return Err(Malformed);
+    }
+    let entries = decode_entries(&mut r)?;
     r.finish()?;
-    Ok((seq, e))
+    Ok(Delta {
+        seq,
+        stride,
+        entries,
+    })
 }
 
 /// Header of a snapshot chunk.
@@ -310,10 +331,11 @@ mod tests {
         assert!(taken > 0 && taken < 1000, "split at the budget: {taken}");
         assert_eq!(b.push(43, 9_990, 5_000, &hashes[taken..]), 0, "full");
         let mut out = Vec::new();
-        encode_delta(9, b, &mut out);
-        assert!(out.len() <= 4096 + 10);
-        let (seq, e) = decode_delta(&out).unwrap();
-        assert_eq!(seq, 9);
+        encode_delta(9, 1, b, &mut out);
+        assert!(out.len() <= 4096 + 20);
+        let d = decode_delta(&out).unwrap();
+        assert_eq!((d.seq, d.stride), (9, 1));
+        let e = d.entries;
         assert_eq!(e.len(), 1);
         assert_eq!(e[0].instance_key, 42);
         assert_eq!(e[0].decided_wall_ms, 9_990);
@@ -379,9 +401,11 @@ mod tests {
         // Claims 2^40 entries in 3 bytes.
         let mut p = Vec::new();
         put_varint(&mut p, 1);
+        put_varint(&mut p, 1);
         put_varint(&mut p, 5);
         put_varint(&mut p, 1 << 40);
         assert_eq!(decode_delta(&p), Err(Malformed));
+        assert_eq!(decode_delta(&[1, 0, 0, 0]), Err(Malformed), "stride 0");
         // Deterministic pseudo-random garbage never panics.
         let mut x: u64 = 0x1234_5678;
         for len in 0..300 {

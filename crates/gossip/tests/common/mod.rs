@@ -96,18 +96,25 @@ impl Node {
         InstanceId(if self.reversed { INSTANCES - 1 - i } else { i } as u32)
     }
 
-    /// A routing decision as the gateway makes it: predict locally, then share.
+    /// A routing decision as the gateway makes it: match, predict locally, share what is new.
     pub fn decide(&self, i: usize, hashes: &[BlockHash]) {
         let now = now_ms();
+        self.gossip.materialize(hashes, now);
+        let mut out = PrefixMatches::default();
+        self.index.match_prefix(hashes, now, &mut out);
+        let known = out.get(self.id(i)).total() as usize;
         self.index
             .predict(self.id(i), hashes, Source::Local, PREDICTION_TTL_MS, now);
-        self.gossip.record_decision(self.id(i), hashes, now);
+        self.gossip.record_decision(self.id(i), hashes, known, now);
     }
 
-    /// Leading blocks of `hashes` this node's index holds on instance `i`.
+    /// Leading blocks of `hashes` this node's index holds on instance `i`, as the gateway sees
+    /// them when routing (checkpoints materialized first).
     pub fn holds(&self, i: usize, hashes: &[BlockHash]) -> u32 {
+        let now = now_ms();
+        self.gossip.materialize(hashes, now);
         let mut out = PrefixMatches::default();
-        self.index.match_prefix(hashes, now_ms(), &mut out);
+        self.index.match_prefix(hashes, now, &mut out);
         out.get(self.id(i)).total()
     }
 
@@ -127,12 +134,21 @@ impl Node {
 
 /// Starts `n` replicas: the first is everyone's seed; odd ones number instances in reverse.
 pub async fn cluster(n: usize) -> Vec<Node> {
+    cluster_with(n, 1).await
+}
+
+/// Starts `n` replicas sharing placements at `checkpoint_stride`.
+pub async fn cluster_with(n: usize, stride: usize) -> Vec<Node> {
     let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
-    let first = Node::start(any, fast_config(&[]), false).await;
+    let cfg = |seeds: &[SocketAddr]| GossipConfig {
+        checkpoint_stride: stride,
+        ..fast_config(seeds)
+    };
+    let first = Node::start(any, cfg(&[]), false).await;
     let seed = first.addr;
     let mut v = vec![first];
     for i in 1..n {
-        v.push(Node::start(any, fast_config(&[seed]), i % 2 == 1).await);
+        v.push(Node::start(any, cfg(&[seed]), i % 2 == 1).await);
     }
     let ok = wait_until(Duration::from_secs(15), || {
         v.iter().all(|x| x.gossip.live_peers() == n - 1)
