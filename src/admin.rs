@@ -98,7 +98,7 @@ pub async fn instances(State(s): State<AppState>) -> Response {
 
 /// `GET /admin/decisions`: recent routing decisions with every candidate's score.
 pub async fn decisions(State(s): State<AppState>) -> Response {
-    Json(serde_json::json!({ "decisions": s.routing.decisions() })).into_response()
+    Json(serde_json::json!({ "decisions": s.routing.decisions(&s.fleet) })).into_response()
 }
 
 /// `GET /admin/index`: placement index statistics, per instance by name.

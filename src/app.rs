@@ -67,11 +67,12 @@ impl AppState {
                 "no pools configured: configure [[pools]] or start the embedded fleet first".into(),
             ));
         }
+        // Before the fleet: instances pre-register metric handles with the recorder.
+        let metrics = metrics::install().map_err(GatewayError::Internal)?;
         let clock = Clock::new();
         let fleet = Arc::new(Fleet::new(&config)?);
         let routing = Arc::new(Routing::new(&config, &fleet, clock)?);
         let client = HttpClient::new(&config.upstream);
-        let metrics = metrics::install().map_err(GatewayError::Internal)?;
         let request_id_header = HeaderName::from_bytes(config.server.request_id_header.as_bytes())
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         Ok(AppState(Arc::new(Shared {

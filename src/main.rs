@@ -2,8 +2,12 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use kvgate::config::{env, Config, LogFormat};
+use kvgate::config::{env, Config, Flavour, InstanceConfig, LogFormat, PoolConfig};
 use std::path::PathBuf;
+
+// A faster allocator for the many small per-request allocations of the proxy path.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Cache-aware request router for LLM inference fleets.
 #[derive(Parser, Debug)]
@@ -24,6 +28,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run a simulated vLLM/SGLang-like fleet (no GPU needed); prints its instances as JSON.
+    Sim(Box<kvgate_sim::SimArgs>),
     /// Probe a running gateway's /health (exit 0 when healthy); used by the container HEALTHCHECK.
     Healthcheck {
         /// Address to probe; default: the configured listen address.
@@ -107,6 +113,16 @@ fn healthcheck(cfg: &Config, addr: Option<String>) -> Result<()> {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
+    if let Some(Command::Sim(args)) = cli.command {
+        tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_env(env::LOG)
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            )
+            .with_writer(std::io::stderr)
+            .init();
+        return kvgate_sim::cli::run(*args).await.map_err(Into::into);
+    }
     let cfg = load_config(&cli)?;
     if let Some(Command::Healthcheck { addr }) = cli.command {
         return healthcheck(&cfg, addr);
@@ -115,10 +131,54 @@ async fn main() -> Result<()> {
     serve(cfg).await
 }
 
-async fn serve(cfg: Config) -> Result<()> {
-    if cfg.pools.is_empty() {
-        bail!("no [[pools]] configured; configure instances (see config/kvgate.toml)");
-    }
+/// Starts the embedded simulated fleet and turns it into one pool.
+async fn start_embedded(cfg: &mut Config) -> Result<kvgate_sim::Fleet> {
+    let fleet = kvgate_sim::Fleet::start(cfg.sim.clone())
+        .await
+        .context("cannot start the embedded simulated fleet")?;
+    let infos = fleet.instances();
+    let tokenizer = match &cfg.sim.tokenizer_dir {
+        Some(d) => d.display().to_string(),
+        None => "builtin".to_string(),
+    };
+    let block_size = infos.first().map(|i| i.block_size);
+    cfg.pools = vec![PoolConfig {
+        model: cfg.sim.model.clone(),
+        block_size,
+        tokenizer: Some(tokenizer),
+        chat_template: None,
+        flavour: match cfg.sim.flavour {
+            kvgate_sim::Flavour::Vllm => Flavour::Vllm,
+            kvgate_sim::Flavour::Sglang => Flavour::Sglang,
+        },
+        instances: infos
+            .iter()
+            .map(|i| InstanceConfig {
+                name: Some(i.name.clone()),
+                url: i.url.clone(),
+                kv_events: i.kv_events_endpoint.clone(),
+                kv_replay: i.replay_endpoint.clone(),
+                kv_topic: Some(cfg.sim.topic.clone()),
+                capacity_blocks: Some(i.capacity_blocks),
+            })
+            .collect(),
+    }];
+    cfg.validate()?;
+    Ok(fleet)
+}
+
+async fn serve(mut cfg: Config) -> Result<()> {
+    let embedded = if cfg.pools.is_empty() {
+        let fleet = start_embedded(&mut cfg).await?;
+        tracing::warn!(
+            engines = cfg.sim.engines,
+            preset = %cfg.sim.preset,
+            "no [[pools]] configured: fronting an EMBEDDED SIMULATED FLEET (no real model); configure pools to serve real instances"
+        );
+        Some(fleet)
+    } else {
+        None
+    };
     let listener = tokio::net::TcpListener::bind(&cfg.server.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.server.listen))?;
@@ -130,7 +190,23 @@ async fn serve(cfg: Config) -> Result<()> {
         policy = state.routing.policy_name(0),
         "kvgate serving"
     );
+    if embedded.is_some() {
+        let addr = listener.local_addr()?;
+        let host = if addr.ip().is_unspecified() {
+            "127.0.0.1".to_string()
+        } else {
+            addr.ip().to_string()
+        };
+        println!(
+            "\nkvgate is up in front of a simulated fleet. Try:\n\n  curl -s http://{host}:{port}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'\n",
+            port = addr.port(),
+            model = state.fleet.pools()[0].model,
+        );
+    }
     kvgate::app::run(listener, state, shutdown_signal()).await?;
+    if let Some(f) = embedded {
+        f.shutdown().await;
+    }
     tracing::info!("kvgate stopped");
     Ok(())
 }

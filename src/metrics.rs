@@ -7,7 +7,10 @@
 //! - The Prometheus recorder is process-global (the `metrics` facade allows one); [`install`] is
 //!   idempotent so several gateways in one test process share it.
 
-use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
+    Gauge, Histogram,
+};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;
 
@@ -117,16 +120,75 @@ pub fn status_class(status: u16) -> &'static str {
     }
 }
 
-/// One finished (or abandoned) proxied request.
-pub fn record_request(
-    route: &'static str,
-    pool: &str,
-    instance: &str,
-    class: &'static str,
-    seconds: f64,
-) {
-    counter!(REQUESTS, "route" => route, "pool" => pool.to_string(), "instance" => instance.to_string(), "status" => class).increment(1);
-    histogram!(REQUEST_DURATION, "route" => route, "pool" => pool.to_string()).record(seconds);
+/// Route labels, indexed by `Endpoint::index`.
+pub const ROUTES: [&str; 4] = ["chat_completions", "completions", "embeddings", "responses"];
+/// Status class labels; [`CANCELLED`] is the client going away before the end.
+pub const CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "cancelled"];
+/// Index of `cancelled` in [`CLASSES`].
+pub const CANCELLED: usize = 5;
+
+/// Index in [`CLASSES`] of an HTTP status.
+pub fn class_index(status: u16) -> usize {
+    match status {
+        100..=199 => 0,
+        200..=299 => 1,
+        300..=399 => 2,
+        400..=499 => 3,
+        _ => 4,
+    }
+}
+
+/// Pre-registered per-instance handles, so the request path does no registry lookups.
+/// Must be built after [`install`].
+pub struct InstanceMetrics {
+    requests: Vec<Counter>,
+    duration: Vec<Histogram>,
+    ttft: Histogram,
+    in_flight: Gauge,
+}
+
+impl InstanceMetrics {
+    /// Handles for `instance` of `pool`.
+    pub fn new(pool: &str, instance: &str) -> Self {
+        let mut requests = Vec::with_capacity(ROUTES.len() * CLASSES.len());
+        for route in ROUTES {
+            for class in CLASSES {
+                requests.push(counter!(REQUESTS, "route" => route, "pool" => pool.to_string(), "instance" => instance.to_string(), "status" => class));
+            }
+        }
+        let duration = ROUTES
+            .iter()
+            .map(
+                |route| histogram!(REQUEST_DURATION, "route" => *route, "pool" => pool.to_string()),
+            )
+            .collect();
+        Self {
+            requests,
+            duration,
+            ttft: histogram!(TTFT, "pool" => pool.to_string(), "instance" => instance.to_string()),
+            in_flight: gauge!(IN_FLIGHT, "instance" => instance.to_string()),
+        }
+    }
+
+    /// One finished (or abandoned) request on `route` (index in [`ROUTES`]).
+    pub fn finish(&self, route: usize, class: usize, seconds: f64) {
+        if let Some(c) = self.requests.get(route * CLASSES.len() + class) {
+            c.increment(1);
+        }
+        if let Some(h) = self.duration.get(route) {
+            h.record(seconds);
+        }
+    }
+
+    /// First streamed chunk after `seconds`.
+    pub fn ttft(&self, seconds: f64) {
+        self.ttft.record(seconds);
+    }
+
+    /// In-flight gauge delta.
+    pub fn in_flight(&self, delta: f64) {
+        self.in_flight.increment(delta);
+    }
 }
 
 /// A request the gateway rejected before choosing an instance.
@@ -151,11 +213,6 @@ pub fn record_upstream_error(instance: &str, cause: &'static str) {
 /// A retry on another instance.
 pub fn record_retry(pool: &str, cause: &'static str) {
     counter!(RETRIES, "pool" => pool.to_string(), "cause" => cause).increment(1);
-}
-
-/// In-flight gauge delta for an instance.
-pub fn add_in_flight(instance: &str, delta: f64) {
-    gauge!(IN_FLIGHT, "instance" => instance.to_string()).increment(delta);
 }
 
 /// Current health of an instance.

@@ -21,9 +21,10 @@ use kvgate_core::hash::{
     hash_text_blocks, hash_token_blocks, namespace_root, CanonicalPrompt, Namespace,
 };
 use kvgate_core::index::{PlacementIndex, PrefixMatches};
-use kvgate_core::load::{InstanceRates, LoadGuard, LoadTracker};
+use kvgate_core::load::{InstanceRates, LoadGuard, LoadTracker, RateEstimator};
 use kvgate_core::policy::{build_policy, Candidate, Decision, Policy, RouteRequest};
 use kvgate_core::{BlockHash, InstanceId, Source};
+use kvgate_tokenizer::TokenMode;
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -46,12 +47,31 @@ pub struct Prepared {
 
 /// A decision and the load it holds.
 pub struct Routed {
-    /// The policy's decision.
-    pub decision: Decision,
+    /// The chosen instance.
+    pub chosen: InstanceId,
+    /// Leading prompt blocks it holds.
+    pub matched_blocks: u32,
+    /// The policy's predicted time to first token there, in ms.
+    pub predicted_cost_ms: f64,
     /// The dispatched request's share of the chosen instance's load (release by dropping).
     pub guard: LoadGuard,
     /// Prompt tokens the chosen instance must compute.
     pub uncached_tokens: u64,
+    /// Prefill tokens queued ahead of it on the chosen instance at dispatch.
+    pub queued_ahead_tokens: u64,
+    /// Sequences decoding on the chosen instance at dispatch.
+    pub decoding: u32,
+}
+
+/// A decision as kept in the log: names are resolved only when the log is read.
+struct Logged {
+    at_ms: u64,
+    request_id: http::HeaderValue,
+    pool: usize,
+    policy: &'static str,
+    attempt: u32,
+    prompt_blocks: usize,
+    decision: Decision,
 }
 
 /// One entry of `/admin/decisions`.
@@ -80,6 +100,30 @@ struct PoolRouting {
     policy: Box<dyn Policy>,
     mode: HashMode,
     block_size: u32,
+    /// Token mode's tokenizer and chat template.
+    tokens: Option<TokenMode>,
+}
+
+/// Loads a pool's tokenizer: `builtin`, a model directory, or a `tokenizer.json` file.
+fn load_tokenizer(spec: &str, template: Option<&std::path::Path>) -> Result<TokenMode, String> {
+    use kvgate_tokenizer::{ChatTemplate, Tokenizer};
+    if spec == "builtin" {
+        return TokenMode::builtin().map_err(|e| e.to_string());
+    }
+    let path = std::path::Path::new(spec);
+    if path.is_dir() {
+        return TokenMode::from_model_dir(path).map_err(|e| format!("{spec}: {e}"));
+    }
+    let tokenizer = Tokenizer::from_file(path).map_err(|e| format!("{spec}: {e}"))?;
+    let template = match template {
+        None => ChatTemplate::builtin(),
+        Some(t) => {
+            let src = std::fs::read_to_string(t).map_err(|e| format!("{}: {e}", t.display()))?;
+            ChatTemplate::from_jinja(&src, None, None)
+                .map_err(|e| format!("{}: {e}", t.display()))?
+        }
+    };
+    Ok(TokenMode::new(tokenizer, template))
 }
 
 /// The routing glue, shared by all requests.
@@ -87,12 +131,12 @@ pub struct Routing {
     index: Arc<PlacementIndex>,
     load: Arc<LoadTracker>,
     pools: Vec<PoolRouting>,
-    rates: Vec<Mutex<InstanceRates>>,
+    rates: RateEstimator,
     text_block_bytes: usize,
     bytes_per_token: u32,
     ttl_ms: u64,
     stale_after_ms: u64,
-    log: Mutex<VecDeque<DecisionRecord>>,
+    log: Mutex<VecDeque<Logged>>,
     log_cap: usize,
     seq: AtomicU64,
     clock: Clock,
@@ -107,24 +151,29 @@ impl Routing {
         let mut pools = Vec::new();
         for p in fleet.pools() {
             let policy = build_policy(&cfg.routing.policy);
-            let mode = match cfg.routing.hash_mode {
-                HashMode::Auto | HashMode::Text => HashMode::Text,
-                HashMode::Token => HashMode::Token,
+            let mode = match (cfg.routing.hash_mode, &p.config.tokenizer) {
+                (HashMode::Auto, Some(_)) | (HashMode::Token, _) => HashMode::Token,
+                (HashMode::Auto, None) | (HashMode::Text, _) => HashMode::Text,
+            };
+            let tokens = match mode {
+                HashMode::Token => {
+                    let spec = p.config.tokenizer.as_deref().unwrap_or("builtin");
+                    Some(
+                        load_tokenizer(spec, p.config.chat_template.as_deref()).map_err(|e| {
+                            GatewayError::Internal(format!("pools[{}].tokenizer: {e}", p.index))
+                        })?,
+                    )
+                }
+                _ => None,
             };
             pools.push(PoolRouting {
                 policy,
                 mode,
-                block_size: p.config.block_size.unwrap_or(16),
+                block_size: p.config.block_size.unwrap_or(16).max(1),
+                tokens,
             });
         }
-        let rates = (0..n)
-            .map(|_| {
-                Mutex::new(InstanceRates {
-                    prefill_tokens_per_s: cfg.routing.prefill_tokens_per_s,
-                    decode_interference_ms: cfg.routing.decode_interference_ms,
-                })
-            })
-            .collect();
+        let rates = RateEstimator::new(cfg.routing.rates.clone(), n);
         Ok(Routing {
             index,
             load,
@@ -165,7 +214,7 @@ impl Routing {
 
     /// Current rates of an instance.
     pub fn rates(&self, id: InstanceId) -> InstanceRates {
-        *self.rates[id.index()].lock()
+        self.rates.rates(id)
     }
 
     /// Hashes the request's prompt for `pool`.
@@ -201,31 +250,43 @@ impl Routing {
         }
         let mut hashes = Vec::new();
         let text = canon.into_bytes();
-        match (pr.mode, token_ids) {
-            (HashMode::Token, Some(ids)) | (_, Some(ids)) if pr.mode == HashMode::Token => {
-                let bs = pr.block_size.max(1);
-                hash_token_blocks(root, ids, bs as usize, &mut hashes);
-                Ok(Prepared {
+        if let Some(tm) = pr.tokens.as_ref().filter(|_| pr.mode == HashMode::Token) {
+            let owned;
+            let ids: Option<&[u32]> = match (token_ids, &input.prompt) {
+                (Some(ids), _) => Some(ids),
+                (None, prompt) => match tokenize(tm, prompt) {
+                    Ok(v) => {
+                        owned = v;
+                        Some(&owned)
+                    }
+                    Err(e) => {
+                        // Routing quality only: fall back to text hashing for this request.
+                        tracing::debug!(error = %e, "tokenization failed; hashing text instead");
+                        None
+                    }
+                },
+            };
+            if let Some(ids) = ids {
+                hash_token_blocks(root, ids, pr.block_size as usize, &mut hashes);
+                return Ok(Prepared {
                     hashes,
                     prompt_tokens: ids.len().min(u32::MAX as usize) as u32,
-                    tokens_per_block: bs,
+                    tokens_per_block: pr.block_size,
                     text,
-                })
-            }
-            _ => {
-                hash_text_blocks(root, &text, self.text_block_bytes, &mut hashes);
-                let tpb = (self.text_block_bytes as u32 / self.bytes_per_token).max(1);
-                let tokens = token_ids
-                    .map(|ids| ids.len())
-                    .unwrap_or(text.len() / self.bytes_per_token as usize);
-                Ok(Prepared {
-                    hashes,
-                    prompt_tokens: tokens.min(u32::MAX as usize) as u32,
-                    tokens_per_block: tpb,
-                    text,
-                })
+                });
             }
         }
+        hash_text_blocks(root, &text, self.text_block_bytes, &mut hashes);
+        let tpb = (self.text_block_bytes as u32 / self.bytes_per_token).max(1);
+        let tokens = token_ids
+            .map(|ids| ids.len())
+            .unwrap_or(text.len() / self.bytes_per_token as usize);
+        Ok(Prepared {
+            hashes,
+            prompt_tokens: tokens.min(u32::MAX as usize) as u32,
+            tokens_per_block: tpb,
+            text,
+        })
     }
 
     /// Chooses an instance of `pool` for `prep`, skipping `exclude` (already tried) and unusable
@@ -236,7 +297,7 @@ impl Routing {
         pool: &Pool,
         prep: &Prepared,
         exclude: &[InstanceId],
-        request_id: &str,
+        request_id: &http::HeaderValue,
     ) -> Result<Routed, GatewayError> {
         let started = Instant::now();
         let now = self.clock.now_ms();
@@ -293,6 +354,11 @@ impl Routing {
                 now,
             );
         }
+        let at_dispatch = candidates
+            .iter()
+            .find(|c| c.id == decision.chosen)
+            .map(|c| c.load)
+            .unwrap_or_default();
         let cached_tokens = decision.matched_blocks as u64 * prep.tokens_per_block as u64;
         let uncached_tokens = (prep.prompt_tokens as u64).saturating_sub(cached_tokens);
         let guard = self.load.dispatch(decision.chosen, uncached_tokens);
@@ -304,16 +370,24 @@ impl Routing {
             ratio,
             started.elapsed().as_secs_f64(),
         );
+        let routed = Routed {
+            chosen: decision.chosen,
+            matched_blocks: decision.matched_blocks,
+            predicted_cost_ms: decision.predicted_cost_ms,
+            guard,
+            uncached_tokens,
+            queued_ahead_tokens: at_dispatch.pending_prefill_tokens,
+            decoding: at_dispatch.decoding,
+        };
         if self.log_cap > 0 {
-            let rec = DecisionRecord {
+            let rec = Logged {
                 at_ms: now,
-                request_id: request_id.to_string(),
-                model: pool.model.clone(),
+                request_id: request_id.clone(),
+                pool: pool.index,
                 policy: pr.policy.name(),
                 attempt: exclude.len() as u32 + 1,
                 prompt_blocks: prep.hashes.len(),
-                chosen: fleet.instance(decision.chosen).name.clone(),
-                decision: decision.clone(),
+                decision,
             };
             let mut log = self.log.lock();
             if log.len() >= self.log_cap {
@@ -321,21 +395,54 @@ impl Routing {
             }
             log.push_back(rec);
         }
-        Ok(Routed {
-            decision,
-            guard,
-            uncached_tokens,
-        })
+        Ok(routed)
     }
 
-    /// Folds an observed time to first token into the instance's prefill-rate estimate.
-    pub fn observe_ttft(&self, id: InstanceId, uncached_tokens: u64, ttft_ms: f64) {
-        let _ = (id, uncached_tokens, ttft_ms);
+    /// Folds an observed time to first token into the instance's rate estimate.
+    pub fn observe_ttft(
+        &self,
+        id: InstanceId,
+        uncached_tokens: u64,
+        ttft_ms: f64,
+        queued_ahead_tokens: u64,
+        decoding: u32,
+    ) {
+        self.rates
+            .observe(id, uncached_tokens, ttft_ms, queued_ahead_tokens, decoding);
     }
 
     /// Recent decisions, newest last.
-    pub fn decisions(&self) -> Vec<DecisionRecord> {
-        self.log.lock().iter().cloned().collect()
+    pub fn decisions(&self, fleet: &Fleet) -> Vec<DecisionRecord> {
+        let log: Vec<_> = self
+            .log
+            .lock()
+            .iter()
+            .map(|l| {
+                (
+                    l.at_ms,
+                    l.request_id.clone(),
+                    l.pool,
+                    l.policy,
+                    l.attempt,
+                    l.prompt_blocks,
+                    l.decision.clone(),
+                )
+            })
+            .collect();
+        log.into_iter()
+            .map(
+                |(at_ms, rid, pool, policy, attempt, prompt_blocks, decision)| DecisionRecord {
+                    at_ms,
+                    request_id: rid.to_str().unwrap_or("").to_string(),
+                    model: fleet.pools()[pool].model.clone(),
+                    policy,
+                    attempt,
+                    prompt_blocks,
+                    chosen: fleet.instance(decision.chosen).name.clone(),
+                    decision,
+                },
+            )
+            .collect()
     }
 
     /// Periodically drops expired predictions until `token` fires.
@@ -352,6 +459,27 @@ impl Routing {
                 _ = tick.tick() => { self.index.expire(self.clock.now_ms()); }
             }
         }
+    }
+}
+
+/// Token ids of a prompt, the way vLLM computes them (chat: template, no special tokens;
+/// completions: special tokens added).
+fn tokenize(tm: &TokenMode, prompt: &Prompt<'_>) -> Result<Vec<u32>, String> {
+    match prompt {
+        Prompt::Chat { messages, tools } => {
+            let msgs: Vec<kvgate_tokenizer::ChatMessage> = messages
+                .iter()
+                .map(|m| kvgate_tokenizer::ChatMessage::new(m.role.as_ref(), m.content.as_ref()))
+                .collect();
+            let tools: Option<serde_json::Value> = match tools {
+                Some(t) => Some(serde_json::from_str(t).map_err(|e| e.to_string())?),
+                None => None,
+            };
+            tm.chat_tokens_with_tools(&msgs, tools.as_ref())
+                .map_err(|e| e.to_string())
+        }
+        Prompt::Text(t) => tm.completion_tokens(t).map_err(|e| e.to_string()),
+        Prompt::Tokens(ids) => Ok(ids.clone()),
     }
 }
 

@@ -65,3 +65,15 @@ fn env_overrides_win_over_the_file() {
     assert_eq!(c.server.listen, "127.0.0.1:2");
     assert_eq!(c.server.shutdown_grace_ms, 7);
 }
+
+#[test]
+fn default_round_trips_through_toml() {
+    let text = toml::to_string(&Config::default()).unwrap();
+    if std::env::var_os("KVGATE_PRINT_DEFAULT").is_some() {
+        println!("{text}");
+    }
+    assert_eq!(
+        Config::from_toml_str(&text, "rt").unwrap(),
+        Config::default()
+    );
+}

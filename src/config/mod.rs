@@ -227,11 +227,26 @@ impl Config {
         if r.decision_log_size > 100_000 {
             return Err(invalid("routing.decision_log_size", "must be <= 100000"));
         }
-        if !(r.prefill_tokens_per_s.is_finite() && r.prefill_tokens_per_s > 0.0) {
-            return Err(invalid("routing.prefill_tokens_per_s", "must be > 0"));
+        let rc = &r.rates;
+        if !(rc.prefill_tokens_per_s.is_finite() && rc.prefill_tokens_per_s > 0.0) {
+            return Err(invalid("routing.rates.prefill_tokens_per_s", "must be > 0"));
         }
-        if !(r.decode_interference_ms.is_finite() && r.decode_interference_ms >= 0.0) {
-            return Err(invalid("routing.decode_interference_ms", "must be >= 0"));
+        if !(rc.decode_interference_ms.is_finite() && rc.decode_interference_ms >= 0.0) {
+            return Err(invalid(
+                "routing.rates.decode_interference_ms",
+                "must be >= 0",
+            ));
+        }
+        if !(rc.gain > 0.0 && rc.gain <= 1.0) {
+            return Err(invalid("routing.rates.gain", "must be in (0, 1]"));
+        }
+        if !(rc.min_prefill_tokens_per_s > 0.0
+            && rc.min_prefill_tokens_per_s <= rc.max_prefill_tokens_per_s)
+        {
+            return Err(invalid(
+                "routing.rates.min_prefill_tokens_per_s",
+                "must be > 0 and <= max_prefill_tokens_per_s",
+            ));
         }
         if r.index.shards == 0 || r.index.shards > 65_536 {
             return Err(invalid(
@@ -248,11 +263,13 @@ impl Config {
                 "must be > 0",
             ));
         }
-        if self.pools.is_empty() && !(1..=256).contains(&self.sim.engines) {
-            return Err(invalid("sim.engines", "must be between 1 and 256"));
-        }
-        if self.sim.block_size == 0 {
-            return Err(invalid("sim.block_size", "must be >= 1"));
+        if self.pools.is_empty() {
+            if !(1..=256).contains(&self.sim.engines) {
+                return Err(invalid("sim.engines", "must be between 1 and 256"));
+            }
+            self.sim
+                .validate()
+                .map_err(|e| invalid("sim", e.to_string()))?;
         }
         self.validate_pools()
     }
@@ -282,13 +299,6 @@ impl Config {
             }
             if pool.block_size == Some(0) {
                 return Err(invalid(format!("pools[{p}].block_size"), "must be >= 1"));
-            }
-            if self.routing.hash_mode == HashMode::Token && pool.block_size.is_none() {
-                // Token mode must agree with the engine's block size, so it must be stated.
-                return Err(invalid(
-                    format!("pools[{p}].block_size"),
-                    "required when routing.hash_mode = \"token\"",
-                ));
             }
             if pool.instances.is_empty() {
                 return Err(invalid(

@@ -21,13 +21,16 @@ pub enum Flavour {
 pub struct PoolConfig {
     /// Model name clients send in `model`.
     pub model: String,
-    /// Engine KV block size in tokens (token mode); default 16.
+    /// Engine KV block size in tokens (token mode); default 16, vLLM's default.
     #[serde(default)]
     pub block_size: Option<u32>,
-    /// `tokenizer.json` for token mode; absent = the built-in tokenizer.
+    /// Tokenizer for token mode: `"builtin"` (the simulator's), a Hugging Face model directory
+    /// (`tokenizer.json` plus `chat_template.jinja` / `tokenizer_config.json`), or a
+    /// `tokenizer.json` file. Setting it makes `hash_mode = "auto"` use token mode for this pool.
     #[serde(default)]
-    pub tokenizer: Option<PathBuf>,
-    /// Chat template (Jinja) for token mode; absent = the built-in template.
+    pub tokenizer: Option<String>,
+    /// Chat template (Jinja file) when `tokenizer` is a `tokenizer.json` file; default: the
+    /// built-in template.
     #[serde(default)]
     pub chat_template: Option<PathBuf>,
     /// Engine family.
@@ -61,24 +64,6 @@ pub struct InstanceConfig {
     pub capacity_blocks: Option<u64>,
 }
 
-/// `[sim]` section: the embedded simulated fleet started when no pool is configured.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SimConfig {
-    /// Number of simulated engines.
-    pub engines: usize,
-    /// Model name they serve.
-    pub model: String,
-    /// KV block size in tokens.
-    pub block_size: u32,
-}
-
-impl Default for SimConfig {
-    fn default() -> Self {
-        Self {
-            engines: 4,
-            model: "kvgate-sim".to_string(),
-            block_size: 16,
-        }
-    }
-}
+/// `[sim]` section: the embedded simulated fleet started when no pool is configured
+/// (the simulator's own fleet configuration; its defaults live there).
+pub type SimConfig = kvgate_sim::FleetConfig;

@@ -79,10 +79,8 @@ pub struct RoutingConfig {
     pub predicted_ttl_ms: u64,
     /// Recent decisions kept for `/admin/decisions`.
     pub decision_log_size: usize,
-    /// Starting prefill rate of every instance (tokens/s) before observations refine it.
-    pub prefill_tokens_per_s: f64,
-    /// Starting decode interference (ms added to TTFT per decoding sequence).
-    pub decode_interference_ms: f64,
+    /// Per-instance speed: starting values and bounds of the rates learned from observed TTFT.
+    pub rates: kvgate_core::load::RateConfig,
     /// Placement index bounds.
     pub index: IndexSection,
 }
@@ -96,8 +94,7 @@ impl Default for RoutingConfig {
             text_bytes_per_token: 4,
             predicted_ttl_ms: 120_000,
             decision_log_size: 256,
-            prefill_tokens_per_s: 8_000.0,
-            decode_interference_ms: 0.5,
+            rates: kvgate_core::load::RateConfig::default(),
             index: IndexSection::default(),
         }
     }

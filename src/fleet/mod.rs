@@ -79,7 +79,6 @@ impl Ewma {
 }
 
 /// One instance.
-#[derive(Debug)]
 pub struct Instance {
     /// Dense id.
     pub id: InstanceId,
@@ -105,6 +104,8 @@ pub struct Instance {
     pub engine: Mutex<Option<EngineLoad>>,
     /// KV cache capacity in blocks (0 = unknown): config, else the engine's report.
     pub capacity_blocks: AtomicU64,
+    /// Pre-registered metric handles.
+    pub metrics: crate::metrics::InstanceMetrics,
 }
 
 impl Instance {
@@ -169,7 +170,6 @@ impl Fleet {
                 members.push(id);
                 instances.push(Instance {
                     id,
-                    name,
                     name_header,
                     pool: p,
                     authority,
@@ -180,6 +180,8 @@ impl Fleet {
                     ttft: Ewma::default(),
                     engine: Mutex::new(None),
                     capacity_blocks: AtomicU64::new(ic.capacity_blocks.unwrap_or(0)),
+                    metrics: crate::metrics::InstanceMetrics::new(&pc.model, &name),
+                    name,
                 });
             }
             by_model.insert(pc.model.clone(), p);

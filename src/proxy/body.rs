@@ -42,11 +42,13 @@ enum End {
 pub struct Tracker {
     state: AppState,
     instance: InstanceId,
-    route: &'static str,
+    route: usize,
     guard: Option<LoadGuard>,
     started: Instant,
     stream: bool,
     uncached_tokens: u64,
+    queued_ahead_tokens: u64,
+    decoding: u32,
     status: u16,
     first_seen: bool,
     finished: bool,
@@ -58,14 +60,14 @@ impl Tracker {
     pub fn new(
         state: AppState,
         instance: InstanceId,
-        route: &'static str,
+        route: usize,
         guard: LoadGuard,
         started: Instant,
         stream: bool,
-        uncached_tokens: u64,
+        (uncached_tokens, queued_ahead_tokens, decoding): (u64, u64, u32),
         status: u16,
     ) -> Self {
-        metrics::add_in_flight(&state.fleet.instance(instance).name, 1.0);
+        state.fleet.instance(instance).metrics.in_flight(1.0);
         Self {
             state,
             instance,
@@ -74,6 +76,8 @@ impl Tracker {
             started,
             stream,
             uncached_tokens,
+            queued_ahead_tokens,
+            decoding,
             status,
             first_seen: false,
             finished: false,
@@ -88,13 +92,16 @@ impl Tracker {
         if self.stream {
             let elapsed = self.started.elapsed();
             let inst = self.state.fleet.instance(self.instance);
-            let pool = &self.state.fleet.pools()[inst.pool].model;
             let ms = elapsed.as_secs_f64() * 1e3;
-            metrics::record_ttft(pool, &inst.name, elapsed.as_secs_f64());
+            inst.metrics.ttft(elapsed.as_secs_f64());
             inst.ttft.observe(ms);
-            self.state
-                .routing
-                .observe_ttft(self.instance, self.uncached_tokens, ms);
+            self.state.routing.observe_ttft(
+                self.instance,
+                self.uncached_tokens,
+                ms,
+                self.queued_ahead_tokens,
+                self.decoding,
+            );
         }
     }
 
@@ -105,11 +112,10 @@ impl Tracker {
         self.finished = true;
         drop(self.guard.take());
         let inst = self.state.fleet.instance(self.instance);
-        let pool = &self.state.fleet.pools()[inst.pool].model;
-        metrics::add_in_flight(&inst.name, -1.0);
+        inst.metrics.in_flight(-1.0);
         let class = match end {
-            End::ClientGone => "cancelled",
-            _ => metrics::status_class(self.status),
+            End::ClientGone => metrics::CANCELLED,
+            _ => metrics::class_index(self.status),
         };
         match end {
             End::UpstreamError => metrics::record_upstream_error(&inst.name, "body"),
@@ -119,13 +125,8 @@ impl Tracker {
             }
             End::Complete => {}
         }
-        metrics::record_request(
-            self.route,
-            pool,
-            &inst.name,
-            class,
-            self.started.elapsed().as_secs_f64(),
-        );
+        inst.metrics
+            .finish(self.route, class, self.started.elapsed().as_secs_f64());
     }
 }
 

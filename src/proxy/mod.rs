@@ -122,16 +122,12 @@ async fn forward(
         Some(q) => format!("{}?{}", endpoint.path(), q).into(),
         None => endpoint.path().into(),
     };
-    let rid_str = rid.to_str().unwrap_or("");
     let cfg = &state.config;
     let first_byte = Duration::from_millis(cfg.upstream.first_byte_timeout_ms);
     let max_attempts = cfg.upstream.max_attempts as usize;
     let mut tried: Vec<InstanceId> = Vec::new();
     loop {
-        let routed = match state
-            .routing
-            .decide(&state.fleet, pool, &prep, &tried, rid_str)
-        {
+        let routed = match state.routing.decide(&state.fleet, pool, &prep, &tried, rid) {
             Ok(r) => r,
             // Every usable instance was tried and refused connections: report that, not "none healthy".
             Err(e @ GatewayError::NoHealthyInstance { .. }) => match tried.last() {
@@ -144,7 +140,7 @@ async fn forward(
             },
             Err(e) => return Err(e),
         };
-        let id = routed.decision.chosen;
+        let id = routed.chosen;
         let inst = state.fleet.instance(id);
         let mut up = http::Request::new(Full::new(bytes.clone()));
         *up.method_mut() = Method::POST;
@@ -217,26 +213,29 @@ fn relay(
 ) -> Response {
     let (mut parts, body) = resp.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
-    let d = &routed.decision;
-    let inst = state.fleet.instance(d.chosen);
+    let inst = state.fleet.instance(routed.chosen);
     parts
         .headers
         .insert(headers::X_INSTANCE, inst.name_header.clone());
     parts.headers.insert(
         headers::X_MATCHED_BLOCKS,
-        HeaderValue::from(d.matched_blocks),
+        HeaderValue::from(routed.matched_blocks),
     );
-    if let Ok(v) = HeaderValue::from_str(&format!("{:.1}", d.predicted_cost_ms)) {
+    if let Ok(v) = HeaderValue::from_str(&format!("{:.1}", routed.predicted_cost_ms)) {
         parts.headers.insert(headers::X_PREDICTED_TTFT, v);
     }
     let tracker = Tracker::new(
         state.clone(),
-        d.chosen,
-        endpoint.label(),
+        routed.chosen,
+        endpoint.index(),
         routed.guard,
         started,
         stream,
-        routed.uncached_tokens,
+        (
+            routed.uncached_tokens,
+            routed.queued_ahead_tokens,
+            routed.decoding,
+        ),
         parts.status.as_u16(),
     );
     let idle = Duration::from_millis(state.config.upstream.idle_timeout_ms);

@@ -7,9 +7,11 @@
 //! - Never allocates a copy of message text unless content arrives as an array of parts.
 
 use crate::error::GatewayError;
+use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::borrow::Cow;
+use std::marker::PhantomData;
 
 /// The four proxied OpenAI endpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,14 +36,18 @@ impl Endpoint {
             Endpoint::Responses => "/v1/responses",
         }
     }
+    /// Index in [`crate::metrics::ROUTES`].
+    pub fn index(self) -> usize {
+        match self {
+            Endpoint::Chat => 0,
+            Endpoint::Completions => 1,
+            Endpoint::Embeddings => 2,
+            Endpoint::Responses => 3,
+        }
+    }
     /// Metric label.
     pub fn label(self) -> &'static str {
-        match self {
-            Endpoint::Chat => "chat_completions",
-            Endpoint::Completions => "completions",
-            Endpoint::Embeddings => "embeddings",
-            Endpoint::Responses => "responses",
-        }
+        crate::metrics::ROUTES[self.index()]
     }
 }
 
@@ -88,11 +94,11 @@ struct Wire<'a> {
     #[serde(borrow, default)]
     model: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    messages: Option<&'a RawValue>,
+    messages: Option<Vec<WireMessage<'a>>>,
     #[serde(borrow, default)]
-    prompt: Option<&'a RawValue>,
+    prompt: Option<Value<'a>>,
     #[serde(borrow, default)]
-    input: Option<&'a RawValue>,
+    input: Option<Value<'a>>,
     #[serde(borrow, default)]
     instructions: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
@@ -108,7 +114,7 @@ struct WireMessage<'a> {
     #[serde(borrow, default)]
     role: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
+    content: Option<Text<'a>>,
     /// Responses API items carry a `type` instead of a role for non-message items.
     #[serde(borrow, default, rename = "type")]
     kind: Option<Cow<'a, str>>,
@@ -117,17 +123,218 @@ struct WireMessage<'a> {
 #[derive(Deserialize)]
 struct WirePart<'a> {
     #[serde(borrow, default)]
-    text: Option<Cow<'a, str>>,
+    text: Option<Text<'a>>,
+}
+
+/// Message content in one pass: a string (borrowed when unescaped), an array of parts whose
+/// `text` fields are joined by newlines, or anything else (null, objects) as empty.
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(TextVisitor(PhantomData))
+    }
+}
+
+struct TextVisitor<'a>(PhantomData<&'a ()>);
+
+impl<'de: 'a, 'a> Visitor<'de> for TextVisitor<'a> {
+    type Value = Text<'a>;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a string or an array of content parts")
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Text(Cow::Borrowed(v)))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Text(Cow::Owned(v.to_owned())))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Text(Cow::Owned(v)))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Text(Cow::Borrowed("")))
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Text(Cow::Borrowed("")))
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(Text(Cow::Borrowed("")))
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Text(Cow::Borrowed("")))
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(Text(Cow::Borrowed("")))
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Text(Cow::Borrowed("")))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut first: Option<Cow<'a, str>> = None;
+        let mut joined = String::new();
+        while let Some(part) = seq.next_element::<PartOrText<'a>>()? {
+            let Some(t) = part.0 else { continue };
+            match first.take() {
+                None if joined.is_empty() => first = Some(t),
+                None => {
+                    joined.push('\n');
+                    joined.push_str(&t);
+                }
+                Some(f) => {
+                    joined.push_str(&f);
+                    joined.push('\n');
+                    joined.push_str(&t);
+                }
+            }
+        }
+        Ok(Text(match first {
+            Some(f) => f,
+            None => Cow::Owned(joined),
+        }))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map
+            .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
+            .is_some()
+        {}
+        Ok(Text(Cow::Borrowed("")))
+    }
+}
+
+/// One element of a content-part array: a part object's `text`, or a bare string.
+struct PartOrText<'a>(Option<Cow<'a, str>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for PartOrText<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = PartOrText<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a content part")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(PartOrText(Some(Cow::Borrowed(v))))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(PartOrText(Some(Cow::Owned(v.to_owned()))))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                let p = WirePart::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(PartOrText(p.text.map(|t| t.0)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+                Ok(PartOrText(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(PartOrText(None))
+            }
+        }
+        d.deserialize_any(V(PhantomData))
+    }
+}
+
+/// `prompt` / `input` in one pass: a string, strings, token ids, token-id arrays, or (Responses
+/// API) message items. Batches route by their first element.
+enum Value<'a> {
+    Text(Cow<'a, str>),
+    Tokens(Vec<u32>),
+    Items(Vec<WireMessage<'a>>),
+    Empty,
+}
+
+enum Item<'a> {
+    Str(Cow<'a, str>),
+    Int(u32),
+    Seq(Vec<u32>),
+    Msg(WireMessage<'a>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Item<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Item<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string, a token id, a token-id array or a message item")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Item::Str(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Item::Str(Cow::Owned(v.to_owned())))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                u32::try_from(v)
+                    .map(Item::Int)
+                    .map_err(|_| E::custom("token id out of range"))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                Vec::<u32>::deserialize(de::value::SeqAccessDeserializer::new(seq)).map(Item::Seq)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                WireMessage::deserialize(de::value::MapAccessDeserializer::new(map)).map(Item::Msg)
+            }
+        }
+        d.deserialize_any(V(PhantomData))
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Value<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Value<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string, strings, token ids or message items")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Value::Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Value::Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Value::Empty)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let Some(first) = seq.next_element::<Item<'a>>()? else {
+                    return Err(de::Error::custom("must not be empty"));
+                };
+                let out = match first {
+                    Item::Str(s) => Value::Text(s),
+                    Item::Seq(ids) => Value::Tokens(ids),
+                    Item::Int(id) => {
+                        let mut ids = vec![id];
+                        while let Some(next) = seq.next_element::<u32>()? {
+                            ids.push(next);
+                        }
+                        return Ok(Value::Tokens(ids));
+                    }
+                    Item::Msg(m) => {
+                        let mut items = vec![m];
+                        while let Some(next) = seq.next_element::<WireMessage<'a>>()? {
+                            items.push(next);
+                        }
+                        return Ok(Value::Items(items));
+                    }
+                };
+                while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+                Ok(out)
+            }
+        }
+        d.deserialize_any(V(PhantomData))
+    }
 }
 
 /// Parses `body` for `endpoint`.
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RouteInput<'_>, GatewayError> {
-    let first = body.iter().find(|b| !b.is_ascii_whitespace());
-    match first {
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'{') => {}
         Some(_) => {
             // Distinguish "not JSON at all" from "JSON, but not an object".
-            return match serde_json::from_slice::<&RawValue>(body) {
+            return match serde_json::from_slice::<de::IgnoredAny>(body) {
                 Ok(_) => Err(GatewayError::NotAnObject),
                 Err(e) => Err(GatewayError::MalformedJson(e.to_string())),
             };
@@ -146,24 +353,30 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RouteInput<'_>, GatewayE
     })?;
     let prompt = match endpoint {
         Endpoint::Chat => {
-            let raw = w.messages.ok_or(GatewayError::MissingField("messages"))?;
+            let msgs = w.messages.ok_or(GatewayError::MissingField("messages"))?;
+            if msgs.is_empty() {
+                return Err(invalid("messages", "must contain at least one message"));
+            }
             Prompt::Chat {
-                messages: messages(raw, "messages")?,
+                messages: msgs
+                    .into_iter()
+                    .map(|m| message(m, "messages"))
+                    .collect::<Result<_, _>>()?,
                 tools: w.tools.map(RawValue::get),
             }
         }
-        Endpoint::Completions => {
-            let raw = w.prompt.ok_or(GatewayError::MissingField("prompt"))?;
-            text_or_tokens(raw, "prompt")?
-        }
+        Endpoint::Completions => text_or_tokens(
+            w.prompt.ok_or(GatewayError::MissingField("prompt"))?,
+            "prompt",
+        )?,
         Endpoint::Embeddings => {
-            let raw = w.input.ok_or(GatewayError::MissingField("input"))?;
-            text_or_tokens(raw, "input")?
+            text_or_tokens(w.input.ok_or(GatewayError::MissingField("input"))?, "input")?
         }
-        Endpoint::Responses => {
-            let raw = w.input.ok_or(GatewayError::MissingField("input"))?;
-            responses_input(raw, w.instructions, w.tools.map(RawValue::get))?
-        }
+        Endpoint::Responses => responses_input(
+            w.input.ok_or(GatewayError::MissingField("input"))?,
+            w.instructions,
+            w.tools.map(RawValue::get),
+        )?,
     };
     Ok(RouteInput {
         model: w.model,
@@ -180,99 +393,33 @@ fn invalid(field: &'static str, message: impl Into<String>) -> GatewayError {
     }
 }
 
-/// A JSON string literal: borrowed when it has no escapes, decoded otherwise.
-fn json_str<'a>(s: &'a str, field: &'static str) -> Result<Cow<'a, str>, GatewayError> {
-    match serde_json::from_str::<&'a str>(s) {
-        Ok(b) => Ok(Cow::Borrowed(b)),
-        Err(_) => serde_json::from_str::<String>(s)
-            .map(Cow::Owned)
-            .map_err(|e| invalid(field, e.to_string())),
-    }
-}
-
-fn messages<'a>(
-    raw: &'a RawValue,
-    field: &'static str,
-) -> Result<Vec<ChatMessage<'a>>, GatewayError> {
-    let items: Vec<WireMessage<'a>> = serde_json::from_str(raw.get())
-        .map_err(|e| invalid(field, format!("expected an array of messages: {e}")))?;
-    if items.is_empty() {
-        return Err(invalid(field, "must contain at least one message"));
-    }
-    items.into_iter().map(|m| message(m, field)).collect()
-}
-
 fn message<'a>(m: WireMessage<'a>, field: &'static str) -> Result<ChatMessage<'a>, GatewayError> {
     let role = match (m.role, m.kind) {
         (Some(r), _) => r,
         (None, Some(k)) => k,
         (None, None) => return Err(invalid(field, "a message has no `role`")),
     };
-    let content = match m.content {
-        None => Cow::Borrowed(""),
-        Some(raw) => content_text(raw, field)?,
-    };
-    Ok(ChatMessage { role, content })
+    Ok(ChatMessage {
+        role,
+        content: m.content.map(|t| t.0).unwrap_or(Cow::Borrowed("")),
+    })
 }
 
-/// Message content: a string, null, or an array of parts whose `text` fields are joined.
-fn content_text<'a>(raw: &'a RawValue, field: &'static str) -> Result<Cow<'a, str>, GatewayError> {
-    let s = raw.get();
-    match s.as_bytes().first() {
-        Some(b'"') => json_str(s, field),
-        Some(b'[') => {
-            let parts: Vec<WirePart<'a>> =
-                serde_json::from_str(s).map_err(|e| invalid(field, e.to_string()))?;
-            let mut out = String::new();
-            for p in parts.into_iter().filter_map(|p| p.text) {
-                if !out.is_empty() {
-                    out.push('\n');
-                }
-                out.push_str(&p);
-            }
-            Ok(Cow::Owned(out))
+fn text_or_tokens<'a>(v: Value<'a>, field: &'static str) -> Result<Prompt<'a>, GatewayError> {
+    match v {
+        Value::Text(t) => Ok(Prompt::Text(t)),
+        Value::Tokens(ids) => Ok(Prompt::Tokens(ids)),
+        Value::Items(_) | Value::Empty => {
+            Err(invalid(field, "expected a string, strings or token ids"))
         }
-        Some(b'n') => Ok(Cow::Borrowed("")),
-        // Other shapes (objects) still route: their raw JSON is the content.
-        _ => Ok(Cow::Borrowed(s)),
-    }
-}
-
-/// `prompt` / `input`: a string, an array of strings (the first routes), token ids, or an array of
-/// token-id arrays (the first routes).
-fn text_or_tokens<'a>(raw: &'a RawValue, field: &'static str) -> Result<Prompt<'a>, GatewayError> {
-    let s = raw.get();
-    match s.as_bytes().first() {
-        Some(b'"') => Ok(Prompt::Text(json_str(s, field)?)),
-        Some(b'[') => {
-            let items: Vec<&'a RawValue> =
-                serde_json::from_str(s).map_err(|e| invalid(field, e.to_string()))?;
-            let Some(first) = items.first() else {
-                return Err(invalid(field, "must not be empty"));
-            };
-            match first.get().as_bytes().first() {
-                Some(b'"') | Some(b'[') => text_or_tokens(first, field),
-                _ => {
-                    let ids: Vec<u32> = serde_json::from_str(s).map_err(|e| {
-                        invalid(
-                            field,
-                            format!("expected a string, strings or token ids: {e}"),
-                        )
-                    })?;
-                    Ok(Prompt::Tokens(ids))
-                }
-            }
-        }
-        _ => Err(invalid(field, "expected a string, strings or token ids")),
     }
 }
 
 fn responses_input<'a>(
-    raw: &'a RawValue,
+    v: Value<'a>,
     instructions: Option<Cow<'a, str>>,
     tools: Option<&'a str>,
 ) -> Result<Prompt<'a>, GatewayError> {
-    let s = raw.get();
     let mut msgs = Vec::new();
     if let Some(i) = instructions {
         msgs.push(ChatMessage {
@@ -280,9 +427,8 @@ fn responses_input<'a>(
             content: i,
         });
     }
-    match s.as_bytes().first() {
-        Some(b'"') => {
-            let text = json_str(s, "input")?;
+    match v {
+        Value::Text(text) => {
             if msgs.is_empty() && tools.is_none() {
                 return Ok(Prompt::Text(text));
             }
@@ -291,8 +437,14 @@ fn responses_input<'a>(
                 content: text,
             });
         }
-        Some(b'[') => msgs.extend(messages(raw, "input")?),
-        _ => return Err(invalid("input", "expected a string or an array of items")),
+        Value::Items(items) => {
+            for m in items {
+                msgs.push(message(m, "input")?);
+            }
+        }
+        Value::Tokens(_) | Value::Empty => {
+            return Err(invalid("input", "expected a string or an array of items"))
+        }
     }
     Ok(Prompt::Chat {
         messages: msgs,

@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# Measures what kvgate costs as a proxy, against nginx, in one run on this machine.
+#
+# Targets (all on 127.0.0.1): `direct` — wrk straight to one static backend (nginx returning a
+# fixed small JSON); `nginx` — nginx as a plain keep-alive reverse proxy to 4 such backends;
+# `kvgate` — the release build of kvgate (text-mode hashing, policy $POLICY) in front of the same 4.
+# Each target is measured with 1 and 32 connections, with a small and a ~32 KiB POST body, for
+# $DURATION each. Prints a Markdown table with kvgate/nginx throughput ratios and the p50 latency
+# each proxy adds over the direct path.
+#
+# Usage: loadtest/overhead.sh [--duration 10s] [--policy round_robin|kvgate|...]
+# Needs: wrk and nginx (installed from Debian when missing, as root), cargo.
+set -euo pipefail
+
+DURATION=10s
+POLICY=round_robin
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --duration) DURATION="$2"; shift 2 ;;
+        --policy) POLICY="$2"; shift 2 ;;
+        *) echo "unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+need=()
+command -v wrk >/dev/null 2>&1 || need+=(wrk)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
+if [ ${#need[@]} -gt 0 ]; then
+    echo "installing ${need[*]} from Debian" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+
+echo "building kvgate (release)" >&2
+cargo build --release --bin kvgate -q
+
+WORK=$(mktemp -d /tmp/kvgate-overhead.XXXXXX)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+B=()
+for _ in 1 2 3 4; do B+=("$(free_port)"); done
+NGINX_PORT=$(free_port)
+KVGATE_PORT=$(free_port)
+
+# Static backends and the reverse proxy, one nginx with 2 workers (one per core).
+{
+    echo "worker_processes 2;"
+    echo "pid $WORK/nginx.pid;"
+    echo "error_log $WORK/nginx-error.log warn;"
+    echo "events { worker_connections 4096; }"
+    echo "http {"
+    echo "  access_log off;"
+    echo "  client_body_buffer_size 64k;"
+    echo "  client_body_temp_path $WORK/body; proxy_temp_path $WORK/proxy;"
+    echo "  fastcgi_temp_path $WORK/fcgi; uwsgi_temp_path $WORK/uwsgi; scgi_temp_path $WORK/scgi;"
+    echo "  keepalive_requests 1000000;"
+    for p in "${B[@]}"; do
+        echo "  server { listen 127.0.0.1:$p; location / { default_type application/json;"
+        echo "    return 200 '{\"id\":\"cmpl-1\",\"object\":\"chat.completion\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"ok\"},\"finish_reason\":\"stop\"}]}'; } }"
+    done
+    echo "  upstream backends { keepalive 256;"
+    for p in "${B[@]}"; do echo "    server 127.0.0.1:$p;"; done
+    echo "  }"
+    echo "  server { listen 127.0.0.1:$NGINX_PORT; location / {"
+    echo "    proxy_pass http://backends; proxy_http_version 1.1; proxy_set_header Connection \"\";"
+    echo "    proxy_buffering off; } }"
+    echo "}"
+} >"$WORK/nginx.conf"
+"$NGINX" -p "$WORK" -c "$WORK/nginx.conf" -g 'daemon off;' &
+PIDS+=($!)
+
+{
+    echo "[server]"
+    echo "listen = \"127.0.0.1:$KVGATE_PORT\""
+    echo "log_filter = \"warn\""
+    echo "[load]"
+    echo "enabled = false"
+    echo "[routing]"
+    echo "hash_mode = \"text\""
+    echo "[routing.policy]"
+    echo "name = \"$POLICY\""
+    echo "[[pools]]"
+    echo "model = \"m\""
+    for p in "${B[@]}"; do echo "[[pools.instances]]"; echo "url = \"http://127.0.0.1:$p\""; done
+} >"$WORK/kvgate.toml"
+"$ROOT/target/release/kvgate" --config "$WORK/kvgate.toml" &
+PIDS+=($!)
+
+for _ in $(seq 1 100); do
+    if curl -fsS "http://127.0.0.1:$KVGATE_PORT/ready" >/dev/null 2>&1 \
+        && curl -fsS "http://127.0.0.1:$NGINX_PORT/" >/dev/null 2>&1; then
+        break
+    fi
+    sleep 0.1
+done
+
+# Request bodies: a small chat request and a ~32 KiB one.
+python3 - "$WORK" <<'PY'
+import json, sys
+work = sys.argv[1]
+small = {"model": "m", "messages": [{"role": "system", "content": "You are a helpful assistant."},
+                                    {"role": "user", "content": "Say hello."}], "max_tokens": 16}
+big_text = ("The quick brown fox jumps over the lazy dog. " * 800)[:32 * 1024 - 200]
+large = {"model": "m", "messages": [{"role": "user", "content": big_text}], "max_tokens": 16}
+for name, body in (("small", small), ("large", large)):
+    b = json.dumps(body)
+    with open(f"{work}/{name}.lua", "w") as f:
+        f.write('wrk.method = "POST"\n')
+        f.write('wrk.headers["Content-Type"] = "application/json"\n')
+        f.write("wrk.body = " + json.dumps(b) + "\n")
+        f.write('''done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("RESULT %.1f %.1f %.1f %d %d\\n",
+    summary.requests / (summary.duration / 1e6), latency:percentile(50), latency:percentile(99),
+    e.connect + e.read + e.write + e.timeout + e.status, summary.requests))
+end
+''')
+PY
+
+declare -A RPS P50 P99 ERR
+run_cell() { # target url conns body
+    local target=$1 url=$2 conns=$3 body=$4 threads=1
+    [ "$conns" -gt 1 ] && threads=2
+    local out
+    out=$(wrk -t"$threads" -c"$conns" -d"$DURATION" --latency -s "$WORK/$body.lua" "$url" 2>&1 | grep '^RESULT' || true)
+    read -r _ rps p50 p99 err _ <<<"${out:-RESULT 0 0 0 -1 0}"
+    RPS[$target,$conns,$body]=$rps
+    P50[$target,$conns,$body]=$p50
+    P99[$target,$conns,$body]=$p99
+    ERR[$target,$conns,$body]=$err
+    echo "  $target c=$conns $body: $rps req/s p50 ${p50}us p99 ${p99}us errors $err" >&2
+}
+
+echo "measuring ($DURATION per cell)" >&2
+for body in small large; do
+    for conns in 1 32; do
+        run_cell direct "http://127.0.0.1:${B[0]}/v1/chat/completions" "$conns" "$body"
+        run_cell nginx "http://127.0.0.1:$NGINX_PORT/v1/chat/completions" "$conns" "$body"
+        run_cell kvgate "http://127.0.0.1:$KVGATE_PORT/v1/chat/completions" "$conns" "$body"
+    done
+done
+
+ms() { awk -v u="$1" 'BEGIN { printf "%.3f", u / 1000 }'; }
+echo
+echo "kvgate overhead ($(nproc) cores, wrk $DURATION per cell, policy $POLICY, text mode)"
+echo
+echo "| body | conns | path | req/s | p50 ms | p99 ms | errors | kvgate/nginx req/s | added p50 µs |"
+echo "|---|---:|---|---:|---:|---:|---:|---:|---:|"
+for body in small large; do
+    for conns in 1 32; do
+        for target in direct nginx kvgate; do
+            k="$target,$conns,$body"
+            ratio=""
+            added=""
+            if [ "$target" = kvgate ]; then
+                ratio=$(awk -v a="${RPS[$k]}" -v b="${RPS[nginx,$conns,$body]}" 'BEGIN { if (b > 0) printf "%.2f", a / b }')
+            fi
+            if [ "$target" != direct ]; then
+                added=$(awk -v a="${P50[$k]}" -v b="${P50[direct,$conns,$body]}" 'BEGIN { printf "%.0f", a - b }')
+            fi
+            echo "| $body | $conns | $target | ${RPS[$k]} | $(ms "${P50[$k]}") | $(ms "${P99[$k]}") | ${ERR[$k]} | $ratio | $added |"
+        done
+    done
+done

@@ -1,0 +1,95 @@
+//! Engine KV event ingestion wired to the fleet: one `kvgate_events` source per instance that
+//! sets `kv_events`, feeding the routing index.
+//!
+//! Invariants: ingestion starts with the background tasks and stops with them; it never runs on
+//! the request path (handlers only bump a dispatch counter); its per-stream state is shown in
+//! `/admin/index` under `events`.
+
+use crate::app::AppState;
+use crate::config::Flavour;
+use crate::fleet::Fleet;
+use kvgate_core::InstanceId;
+use kvgate_events::{Dialect, EventSource, EventsHandle, StreamStatus};
+use std::sync::{Arc, OnceLock};
+use tokio_util::sync::CancellationToken;
+
+/// The running ingestion, set once when the background tasks start.
+#[derive(Default)]
+pub struct Events(OnceLock<EventsHandle>);
+
+impl Events {
+    /// Counts a request dispatched to `instance` (silence detection). One atomic add.
+    pub fn note_dispatch(&self, instance: InstanceId) {
+        if let Some(h) = self.0.get() {
+            h.note_dispatch(instance);
+        }
+    }
+
+    /// Per-stream status, in configuration order (empty when no instance has `kv_events`).
+    pub fn status(&self) -> Vec<StreamStatus> {
+        self.0.get().map(EventsHandle::status).unwrap_or_default()
+    }
+
+    fn stop(&self) {
+        if let Some(h) = self.0.get() {
+            h.stop();
+        }
+    }
+}
+
+/// The event sources of `fleet`: instances with `kv_events`, hashed under their pool's model and
+/// block size.
+pub fn sources(fleet: &Fleet, default_dp_ranks: u32) -> Vec<EventSource> {
+    fleet
+        .instances()
+        .iter()
+        .filter_map(|i| {
+            let endpoint = i.config.kv_events.as_ref()?;
+            let pool = &fleet.pools()[i.pool];
+            // Same default as routing's token mode (vLLM's default block size).
+            let block_size = pool.config.block_size.unwrap_or(16).max(1);
+            let mut src = EventSource::new(i.id, &i.name, endpoint, &pool.model, block_size);
+            src.replay_endpoint = i.config.kv_replay.clone();
+            src.topic = i.config.kv_topic.clone().unwrap_or_default();
+            src.dp_ranks = default_dp_ranks;
+            src.dialect = match i.flavour {
+                Flavour::Vllm => Dialect::Vllm,
+                Flavour::Sglang => Dialect::Sglang,
+            };
+            Some(src)
+        })
+        .collect()
+}
+
+/// Starts ingestion for `state`'s fleet (nothing without sources); it stops when `token` is
+/// cancelled.
+pub fn spawn(state: &AppState, token: CancellationToken) -> Option<tokio::task::JoinHandle<()>> {
+    let sources = sources(&state.fleet, state.config.events.dp_ranks);
+    if sources.is_empty() {
+        return None;
+    }
+    let clock = state.clock;
+    let handle = EventsHandle::start(
+        &state.config.events,
+        sources,
+        state.routing.index().clone(),
+        Arc::new(move || clock.now_ms()),
+    );
+    match handle {
+        Ok(h) => {
+            if state.events.0.set(h).is_err() {
+                tracing::warn!("KV event ingestion already running");
+                return None;
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "KV event ingestion not started");
+            return None;
+        }
+    }
+    let state = state.clone();
+    Some(tokio::spawn(async move {
+        token.cancelled().await;
+        state.events.stop();
+    }))
+}
