@@ -132,6 +132,7 @@ pub async fn index(State(s): State<AppState>) -> Response {
         "stats": stats,
         "instances": per_instance,
         "pools": pools,
+        "events": s.events.status(),
     }))
     .into_response()
 }

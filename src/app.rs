@@ -47,6 +47,8 @@ pub struct Shared {
     pub metrics: PrometheusHandle,
     /// `server.request_id_header`, parsed once.
     pub request_id_header: HeaderName,
+    /// Engine KV event ingestion (running once the background tasks start).
+    pub events: crate::events::Events,
 }
 
 impl Deref for AppState {
@@ -83,6 +85,7 @@ impl AppState {
             clock,
             metrics,
             request_id_header,
+            events: Default::default(),
         })))
     }
 }
@@ -120,6 +123,7 @@ pub fn spawn_background(
         },
         token.clone(),
     );
+    handles.extend(crate::events::spawn(state, token.clone()));
     handles.push(tokio::spawn(state.routing.clone().expire_loop(
         state.config.routing.index.expire_interval_ms,
         token.clone(),

@@ -25,6 +25,8 @@
 //! - [`client`] — pooled keep-alive HTTP/1.1 client with connect / first-byte timeouts.
 //! - [`error`] — [`error::GatewayError`]: one error type, one mapping to status + OpenAI body,
 //!   with fault and retry-safety.
+//! - [`events`] — engine KV event ingestion (`crates/events`) wired to the fleet: one source per
+//!   instance with `kv_events`, started with the background tasks, shown in `/admin/index`.
 //! - [`metrics`] — every metric name, help text and bucket set.
 //! - [`config`] — one typed [`config::Config`]; defaults in one place; TOML < `KVGATE_*` env < flags.
 //! - `crates/core` (`kvgate-core`) — the pure routing core: hashing, placement index, load, policies.
@@ -43,6 +45,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod events;
 pub mod fleet;
 pub mod metrics;
 pub mod proxy;

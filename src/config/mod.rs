@@ -39,6 +39,8 @@ pub struct Config {
     pub pools: Vec<PoolConfig>,
     /// The embedded simulated fleet.
     pub sim: SimConfig,
+    /// Engine KV event ingestion (instances with `kv_events`).
+    pub events: kvgate_events::EventsConfig,
 }
 
 /// A configuration problem, naming the offending key (or environment variable).
@@ -271,6 +273,9 @@ impl Config {
                 .validate()
                 .map_err(|e| invalid("sim", e.to_string()))?;
         }
+        self.events
+            .validate()
+            .map_err(|e| invalid(e.key, e.message))?;
         self.validate_pools()
     }
 

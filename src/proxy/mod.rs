@@ -141,6 +141,7 @@ async fn forward(
             Err(e) => return Err(e),
         };
         let id = routed.chosen;
+        state.events.note_dispatch(id);
         let inst = state.fleet.instance(id);
         let mut up = http::Request::new(Full::new(bytes.clone()));
         *up.method_mut() = Method::POST;
