@@ -167,6 +167,7 @@ impl Gossip {
             membership_tx,
             checkpoints: Checkpoints::new(cfg_stride, cfg_max_checkpoints),
             has_checkpoints: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
             snapshot_slots: Arc::new(Semaphore::new(snapshot::SNAPSHOT_SLOTS)),
         });
         let (shutdown, rx) = watch::channel(false);
@@ -383,8 +384,10 @@ impl Gossip {
         }
     }
 
-    /// Leaves the cluster and stops every task (waits at most a few seconds).
+    /// Leaves the cluster and stops every task (waits at most a few seconds). The socket closes
+    /// when the last clone of this handle is dropped.
     pub async fn shutdown(self) {
+        self.inner.stopping.store(true, Ordering::Relaxed);
         let _ = self.tasks.shutdown.send(true);
         let handles = std::mem::take(&mut *self.tasks.handles.lock());
         for h in handles {

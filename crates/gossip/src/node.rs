@@ -171,6 +171,8 @@ pub(crate) struct Inner {
     pub checkpoints: Checkpoints,
     /// Set once any checkpoint arrived; lets `materialize` return at once in full-hash clusters.
     pub has_checkpoints: AtomicBool,
+    /// Set by shutdown; background snapshot transfers stop at their next chunk.
+    pub stopping: AtomicBool,
     pub snapshot_slots: Arc<Semaphore>,
 }
 

@@ -18,6 +18,7 @@ use crate::wire::Kind;
 use ahash::AHashMap;
 use kvgate_core::{BlockHash, InstanceId};
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -94,6 +95,9 @@ async fn send(inner: &Inner, node: u64, to: SocketAddr, request_id: u64, groups:
     for (key, ttl, hashes) in &groups {
         let mut rest = &hashes[..];
         while !rest.is_empty() {
+            if inner.stopping.load(Ordering::Relaxed) {
+                return;
+            }
             let n = b.push(*key, 0, *ttl, rest);
             if n > 0 {
                 rest = &rest[n..];

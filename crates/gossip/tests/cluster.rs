@@ -190,6 +190,45 @@ async fn restarted_replica_catches_up_from_snapshots() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_replicas_placements_can_be_forgotten_at_once() {
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let cfg = |seeds: &[SocketAddr]| kvgate_gossip::GossipConfig {
+        forget_dead_peer_placements: true,
+        ..fast_config(seeds)
+    };
+    let a = Node::start(any, cfg(&[]), false).await;
+    let b = Node::start(any, cfg(&[a.addr]), true).await;
+    let c = Node::start(any, cfg(&[a.addr]), false).await;
+    assert!(
+        wait_until(CONVERGE, || [&a, &b, &c]
+            .iter()
+            .all(|n| n.gossip.live_peers() == 2))
+        .await
+    );
+    let from_b = chain(60, 80);
+    let from_c = chain(61, 80);
+    b.decide(0, &from_b);
+    c.decide(1, &from_c);
+    assert!(
+        wait_until(CONVERGE, || a.holds(0, &from_b) == 80
+            && a.holds(1, &from_c) == 80)
+        .await
+    );
+    c.gossip.shutdown().await;
+    // C's placements vanish from A; B's are re-fetched and stay.
+    let ok = wait_until(CONVERGE, || {
+        a.gossip.live_peers() == 1 && a.holds(1, &from_c) == 0 && a.holds(0, &from_b) == 80
+    })
+    .await;
+    assert!(
+        ok,
+        "dead replica's placements not forgotten, or live one's lost"
+    );
+    a.gossip.shutdown().await;
+    b.gossip.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_replica_rejoins_and_converges() {
     let c = cluster(3).await;
     c[2].partition(true);
