@@ -445,3 +445,38 @@ async fn client_disconnect_frees_blocks() {
     assert!(freed, "the aborted request left the batch");
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_scale_divides_durations() {
+    // 100 decode steps of ~9.2 ms (llama3-8b-h100) ≈ 0.93 simulated seconds; at time scale 10
+    // the wall time is ~0.09 s. Sleeps never end early, so the lower bound is strict; the upper
+    // bound is loose for a busy machine.
+    let mut conf = cfg(1024);
+    conf.time_scale = 10.0;
+    conf.kv_events = false;
+    let fleet = start(conf).await;
+    let base = fleet.instances()[0].url.clone();
+    let c = reqwest::Client::new();
+    let t = std::time::Instant::now();
+    let (s, _) = post(
+        &c,
+        &format!("{base}/v1/completions"),
+        json!({"prompt": "x", "max_tokens": 100}),
+    )
+    .await;
+    let wall = t.elapsed().as_secs_f64();
+    assert_eq!(s, 200);
+    assert!(wall >= 0.085, "{wall}");
+    assert!(wall < 2.0, "{wall}");
+    let st = c
+        .get(format!("{base}/admin/stats"))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    let busy_s = st["stats"]["busy_us"].as_f64().unwrap() / 1e6;
+    assert!((0.85..1.05).contains(&busy_s), "{busy_s}");
+    fleet.shutdown().await;
+}

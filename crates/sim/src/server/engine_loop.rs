@@ -8,7 +8,8 @@
 //! Invariants: the model is owned by this task only; handlers see per-request [`ReqState`]
 //! (counters + `Notify`, no queue, so nothing grows with a slow client); a request whose handler
 //! is gone (client disconnected) is aborted at the next step, freeing its blocks; virtual time is
-//! `wall elapsed × time_scale`.
+//! `wall elapsed × time_scale` while idle, and advances by exactly each step's duration while busy
+//! (sleeps that overshoot are paid back, up to one virtual second of lag).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
@@ -72,6 +73,10 @@ pub struct Core {
     pub faults: Mutex<Faults>,
 }
 
+/// How far (virtual µs) the engine may fall behind the wall clock before it skips ahead: catching
+/// up longer than this would replay an overload as a burst.
+const MAX_LAG_US: u64 = 1_000_000;
+
 struct Inflight {
     state: Arc<ReqState>,
     arrival_v: u64,
@@ -93,6 +98,7 @@ pub async fn run(
     };
     let vnow = move || (epoch.elapsed().as_secs_f64() * scale * 1e6) as u64;
     let mut inflight: HashMap<u64, Inflight> = HashMap::new();
+    let mut vclock: u64 = 0;
     loop {
         if model.is_idle() {
             match rx.recv().await {
@@ -109,6 +115,8 @@ pub async fn run(
                     .await
                 }
             }
+            // Idle time passes at wall speed.
+            vclock = vclock.max(vnow());
         }
         while let Ok(c) = rx.try_recv() {
             handle(
@@ -135,13 +143,18 @@ pub async fn run(
             core.snapshot.lock().update(&model);
             continue;
         }
-        let t0 = vnow();
-        let started = Instant::now();
+        // The virtual clock follows the model, not the wall: a step starts where the previous one
+        // ended (or now, after an idle period), and the task sleeps until the wall clock reaches
+        // that end. Timer overshoot (1 ms tokio ticks are large against a 1 ms scaled step) is
+        // thus paid back by shorter sleeps instead of slowing the engine down.
+        let t0 = vclock.max(vnow().saturating_sub(MAX_LAG_US));
         let Some(out) = model.step(t0) else { continue };
         let slow = core.faults.lock().slow_factor.max(1.0);
-        let real = (out.end_us.saturating_sub(t0)) as f64 * slow / scale;
-        tokio::time::sleep_until((started + Duration::from_micros(real as u64)).into()).await;
-        let t_end = vnow();
+        let end_v = t0 + ((out.end_us.saturating_sub(t0)) as f64 * slow) as u64;
+        vclock = end_v;
+        let wake = epoch + Duration::from_secs_f64(end_v as f64 / 1e6 / scale);
+        tokio::time::sleep_until(wake.into()).await;
+        let t_end = end_v;
         let mut snap_ttfts = Vec::with_capacity(out.first_tokens.len());
         for (id, cached) in &out.first_tokens {
             if let Some(f) = inflight.get(id) {
