@@ -141,7 +141,16 @@ pub struct BlockStored {
     pub group_idx: Option<u32>,
     /// `"full_attention"`, `"sliding_window"`, ... if sent.
     pub kv_cache_spec_kind: Option<String>,
+    /// String keys found in `extra_keys` (vLLM mixes LoRA names, `cache_salt`, multimodal
+    /// identifiers into its block hashes through them), at most [`MAX_EXTRA_KEYS`].
+    pub extra_key_strings: Vec<String>,
+    /// True when `extra_keys` held anything else (or more than [`MAX_EXTRA_KEYS`] strings): the
+    /// engine's chain then depends on inputs kvgate cannot see.
+    pub extra_keys_opaque: bool,
 }
+
+/// Most `extra_keys` strings kept per event.
+pub const MAX_EXTRA_KEYS: usize = 64;
 
 /// A `BlockRemoved` event.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -300,6 +309,7 @@ impl Decoder<'_, '_> {
                         4 => e.lora_id = self.opt_i64()?,
                         5 => e.medium = self.opt_string_or_skip()?,
                         6 => e.lora_name = self.opt_string_or_skip()?,
+                        7 => self.extra_keys(&mut e)?,
                         8 => e.group_idx = self.opt_u32_or_skip()?,
                         9 => e.kv_cache_spec_kind = self.opt_string_or_skip()?,
                         _ => self.skip()?,
@@ -356,6 +366,7 @@ impl Decoder<'_, '_> {
                 "lora_name" => stored.lora_name = self.opt_string_or_skip()?,
                 "group_idx" => group_idx = self.opt_u32_or_skip()?,
                 "kv_cache_spec_kind" => stored.kv_cache_spec_kind = self.opt_string_or_skip()?,
+                "extra_keys" => self.extra_keys(&mut stored)?,
                 _ => self.skip()?,
             }
         }
@@ -375,6 +386,43 @@ impl Decoder<'_, '_> {
             Some("AllBlocksCleared") => Some(KvEvent::AllBlocksCleared),
             _ => None,
         })
+    }
+
+    /// `extra_keys`: nil, or one entry per block, each nil, a string, or a list of keys.
+    fn extra_keys(&mut self, e: &mut BlockStored) -> Result<(), DecodeError> {
+        if self.r.try_nil()? {
+            return Ok(());
+        }
+        if self.r.kind()? != Kind::Array {
+            self.skip()?;
+            e.extra_keys_opaque = true;
+            return Ok(());
+        }
+        let blocks = self.r.array_len()?;
+        for _ in 0..blocks {
+            match self.r.kind()? {
+                Kind::Nil => self.skip()?,
+                Kind::Array => {
+                    let keys = self.r.array_len()?;
+                    for _ in 0..keys {
+                        self.extra_key(e)?;
+                    }
+                }
+                _ => self.extra_key(e)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn extra_key(&mut self, e: &mut BlockStored) -> Result<(), DecodeError> {
+        if self.r.kind()? == Kind::Str && e.extra_key_strings.len() < MAX_EXTRA_KEYS {
+            let s = self.r.string()?.into_owned();
+            e.extra_key_strings.push(s);
+        } else if !self.r.try_nil()? {
+            self.skip()?;
+            e.extra_keys_opaque = true;
+        }
+        Ok(())
     }
 
     fn hash(&mut self) -> Result<EngineHash, DecodeError> {

@@ -388,3 +388,42 @@ fn every_truncation_and_garbage_fails_cleanly() {
         let _ = dec(&flipped);
     }
 }
+
+#[test]
+fn extra_keys_are_collected_or_flagged_opaque() {
+    let event = |extra: W| {
+        let mut w = W::default()
+            .arr(3)
+            .f(1.0)
+            .arr(1)
+            .map(4)
+            .s("type")
+            .s("BlockStored")
+            .s("block_hashes")
+            .arr(2)
+            .u(1)
+            .u(2)
+            .s("token_ids")
+            .toks(&[1, 2])
+            .s("extra_keys");
+        w.0.extend_from_slice(&extra.0);
+        w.nil().0
+    };
+    let b = dec(&event(W::default().arr(2).nil().nil())).unwrap();
+    assert!(stored(&b, 0).extra_key_strings.is_empty());
+    assert!(!stored(&b, 0).extra_keys_opaque);
+    let b = dec(&event(
+        W::default().arr(2).arr(2).s("lora").s("salt").s("lora"),
+    ))
+    .unwrap();
+    assert_eq!(
+        stored(&b, 0).extra_key_strings,
+        vec!["lora", "salt", "lora"]
+    );
+    assert!(!stored(&b, 0).extra_keys_opaque);
+    // A multimodal key as a (hash, offset) pair is not a plain string.
+    let b = dec(&event(W::default().arr(1).arr(1).arr(2).s("mm").u(3))).unwrap();
+    assert!(stored(&b, 0).extra_keys_opaque);
+    let b = dec(&event(W::default().u(5))).unwrap();
+    assert!(stored(&b, 0).extra_keys_opaque);
+}

@@ -130,7 +130,8 @@ pub struct StreamStatus {
     pub orphan_blocks: u64,
     /// Blocks not indexed because the tracking map was full.
     pub untracked_blocks: u64,
-    /// Events skipped: another KV cache group, non-full attention, unknown LoRA, bad token count.
+    /// Events skipped: another KV cache group, non-full attention, unknown LoRA, bad token count,
+    /// `extra_keys` kvgate cannot reproduce (cache salt, multimodal inputs).
     pub ignored_events: u64,
     /// Events of unknown type skipped by the decoder.
     pub unknown_events: u64,
@@ -405,6 +406,17 @@ impl StreamIngest {
         let bs = self.params.block_size as usize;
         let n = e.block_hashes.len();
         if n == 0 || e.token_ids.len() != n * bs {
+            self.status.ignored_events += 1;
+            return;
+        }
+        let foreign_key = e
+            .extra_key_strings
+            .iter()
+            .any(|k| Some(k.as_str()) != e.lora_name.as_deref());
+        if e.extra_keys_opaque || foreign_key {
+            // cache_salt, multimodal inputs, prompt embeddings: the engine's blocks differ from
+            // what the same tokens hash to in kvgate's namespace, so indexing them would credit
+            // requests the engine would not serve from cache.
             self.status.ignored_events += 1;
             return;
         }

@@ -39,6 +39,8 @@ fn expected_three() -> Vec<KvEvent> {
             lora_name: None,
             group_idx: Some(0),
             kv_cache_spec_kind: Some("full_attention".into()),
+            extra_key_strings: vec![],
+            extra_keys_opaque: false,
         }),
         KvEvent::BlockRemoved(BlockRemoved {
             block_hashes: vec![2758186210834249151],

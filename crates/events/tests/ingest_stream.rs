@@ -395,3 +395,46 @@ async fn skipped_payloads_advance_the_sequence() {
     assert_eq!(s.status().decode_errors, 2);
     assert_eq!(idx.instance_entries(I), 1);
 }
+
+/// A map-encoded `BlockStored` of one block with `extra_keys` `[[keys...]]` and a LoRA name.
+fn with_extra_keys(tokens: &[u32], lora: Option<&str>, keys: &[&str]) -> Vec<u8> {
+    let toks64: Vec<u64> = tokens.iter().map(|&x| u64::from(x)).collect();
+    let mut w = W::default()
+        .arr(3)
+        .f(1.0)
+        .arr(1)
+        .map(6)
+        .s("type")
+        .s("BlockStored")
+        .s("block_hashes")
+        .list(&[1])
+        .s("token_ids")
+        .list(&toks64)
+        .s("block_size")
+        .u(u64::from(BS))
+        .s("lora_name");
+    w = match lora {
+        Some(l) => w.s(l),
+        None => w.nil(),
+    };
+    w = w.s("extra_keys").arr(1).arr(keys.len());
+    for k in keys {
+        w = w.s(k);
+    }
+    w.u(0).0
+}
+
+#[test]
+fn salted_blocks_are_not_credited_to_unsalted_prompts() {
+    let idx = index();
+    let mut s = stream(&idx, I);
+    let t = toks(0, 4);
+    s.apply_payload(0, &with_extra_keys(&t, None, &["salt-1"]), now())
+        .unwrap();
+    assert_eq!(credited(&idx, I, &t), 0);
+    assert_eq!(s.status().ignored_events, 1);
+    // vLLM also lists the LoRA name among the extra keys: that one is understood.
+    s.apply_payload(1, &with_extra_keys(&t, Some("ad"), &["ad"]), now())
+        .unwrap();
+    assert_eq!(idx.instance_entries(I), 1);
+}
