@@ -41,8 +41,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::TraceStats(a) => tools::trace_stats(a),
         Command::Size(a) => tools::size(a),
         Command::Offline(a) => {
-            let report = kvgate_loadtest::offline::run_cli(a).context("offline simulation")?;
-            print!("{}", kvgate_loadtest::offline::cli::summary_table(&report));
+            // run_cli prints its own summary table and writes the JSON report.
+            kvgate_loadtest::offline::run_cli(a).context("offline simulation")?;
             Ok(())
         }
     }

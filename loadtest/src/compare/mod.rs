@@ -260,7 +260,11 @@ async fn run_on_fleet(
     let (out, before, after, samples) = measured?;
     let delta = fleet_metrics::delta(&before, &after);
     let mut summary = summarise(&out, Some(&delta), &names);
-    let scale = if cfg.model_time { cfg.fleet.time_scale } else { 1.0 };
+    let scale = if cfg.model_time {
+        cfg.fleet.time_scale
+    } else {
+        1.0
+    };
     summary.scale_time(scale);
     let mut series = fleet_metrics::series(&samples);
     for p in &mut series {
