@@ -527,6 +527,11 @@ impl StreamIngest {
         }
     }
 
+    /// The sequence number expected next, once a message was seen.
+    pub fn next_seq(&self) -> Option<u64> {
+        self.next_seq
+    }
+
     /// Accepts `seq` without a payload (it arrived but was skipped, e.g. oversized).
     pub fn skip_seq(&mut self, seq: u64) {
         self.next_seq = Some(seq.wrapping_add(1));

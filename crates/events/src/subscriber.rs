@@ -235,6 +235,9 @@ struct Link {
     /// The endpoint actually bound (port 0 resolved) or connected.
     endpoint: Mutex<Option<String>>,
     dropped: AtomicU64,
+    /// One past the highest sequence number dropped by a full channel (0: none): lets ingestion
+    /// recover a dropped *last* message, which no later message would reveal as a gap.
+    dropped_upto: AtomicU64,
     malformed: AtomicU64,
 }
 
@@ -286,10 +289,16 @@ impl SocketTask {
                 self.link.malformed.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
+            // zeromq's receive path does not count against tokio's cooperative budget: without
+            // this, a burst would keep ingestion from running on a single-threaded runtime.
+            tokio::task::consume_budget().await;
             match self.tx.try_send(m) {
                 Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(_)) => {
+                Err(mpsc::error::TrySendError::Full(m)) => {
                     self.link.dropped.fetch_add(1, Ordering::Relaxed);
+                    self.link
+                        .dropped_upto
+                        .fetch_max(m.seq.saturating_add(1), Ordering::Relaxed);
                 }
                 Err(mpsc::error::TrySendError::Closed(_)) => return Ok(()),
             }
@@ -339,6 +348,7 @@ impl<R: Replayer> IngestTask<R> {
                     let now = (self.clock)();
                     self.instance.note_message(now);
                     handle_message(&mut self.ingest, self.replayer.as_mut(), msg, &self.clock).await;
+                    self.recover_trailing_drops().await;
                     self.sync_link();
                     if self.ingest.status().silent {
                         self.ingest.set_silent(false);
@@ -351,10 +361,38 @@ impl<R: Replayer> IngestTask<R> {
                         self.ingest.set_silent(true);
                         self.ingest.wipe(WipeReason::Silent);
                     }
+                    self.recover_trailing_drops().await;
                     self.sync_link();
                     self.ingest.publish_status();
                 }
             }
+        }
+    }
+
+    /// When the channel is drained but messages up to `dropped_upto` were dropped, nothing will
+    /// reveal that gap: replay it now (or wipe without a replay socket).
+    async fn recover_trailing_drops(&mut self) {
+        let upto = self.link.dropped_upto.load(Ordering::Relaxed);
+        let Some(next) = self.ingest.next_seq() else {
+            return;
+        };
+        if upto <= next || !self.rx.is_empty() {
+            return;
+        }
+        self.ingest.note_gap();
+        let clock = self.clock.clone();
+        let now = move || Now {
+            mono_ms: clock(),
+            unix_s: unix_now(),
+        };
+        match self.replayer.as_mut() {
+            Some(r) => {
+                catch_up(&mut self.ingest, r, next, upto, true, now).await;
+            }
+            None => self.ingest.wipe(WipeReason::Gap),
+        }
+        if self.ingest.next_seq().is_some_and(|n| n < upto) {
+            self.ingest.skip_seq(upto - 1);
         }
     }
 

@@ -326,3 +326,31 @@ async fn one_broken_stream_does_not_stall_another() {
     until("good stream applied", || credited(&idx, I, &t) == 1).await;
     assert!(!h.status()[0].connected);
 }
+
+#[tokio::test]
+async fn overload_drops_are_recovered_by_replay() {
+    let c = EventsConfig {
+        channel_capacity: 1,
+        ..cfg()
+    };
+    let (mut engine, ep) = Engine::start(true).await;
+    let replay = engine.replay_endpoint.clone();
+    let (h, idx) = start(&c, &ep, Some(&replay), BS);
+    until("connection", || status(&h).connected).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let n = 300u64;
+    let t = toks(0, n as usize * BS as usize);
+    for seq in 0..n {
+        engine.publish(seq, block_msg(seq, &t), false).await;
+    }
+    // Whatever the channel dropped, replay restores every block of the chain.
+    until("all blocks credited", || credited(&idx, I, &t) == n as u32).await;
+    let st = status(&h);
+    assert_eq!(st.last_seq, Some(n - 1));
+    assert_eq!(st.wipes, 0, "{st:?}");
+    assert_eq!(st.replays_failed, 0, "{st:?}");
+    eprintln!(
+        "dropped {} messages, {} gaps, {} replays",
+        st.dropped_messages, st.gaps, st.replays_covered
+    );
+}
