@@ -228,9 +228,18 @@ fn port_in(endpoint: &str) -> Option<(String, u16)> {
 impl Fleet {
     /// Starts every engine; on error, the ones already started are stopped.
     pub async fn start(cfg: FleetConfig) -> Result<Fleet, SimError> {
+        let tokens = Arc::new(load_tokens(cfg.tokenizer_dir.as_deref())?);
+        Self::start_with_tokens(cfg, tokens).await
+    }
+
+    /// Like [`Fleet::start`], with a tokenizer the caller already holds (`tokenizer_dir` is then
+    /// ignored), so a gateway and its embedded fleet share one.
+    pub async fn start_with_tokens(
+        cfg: FleetConfig,
+        tokens: Arc<TokenMode>,
+    ) -> Result<Fleet, SimError> {
         cfg.validate()?;
         let params = cfg.engine_params()?;
-        let tokens = Arc::new(load_tokens(cfg.tokenizer_dir.as_deref())?);
         let mut fleet = Fleet {
             engines: Vec::with_capacity(cfg.engines),
             infos: Vec::new(),
