@@ -23,19 +23,23 @@ pub fn engine_root(cache_salt: Option<&str>) -> u64 {
     }
 }
 
+/// One link of the chain: the hash of a block of `tokens` following `parent`.
+pub fn engine_chain_hash(parent: u64, tokens: &[u32]) -> u64 {
+    let mut buf = Vec::with_capacity(8 + 4 * tokens.len());
+    buf.extend_from_slice(&parent.to_le_bytes());
+    for t in tokens {
+        buf.extend_from_slice(&t.to_le_bytes());
+    }
+    xxh3_64_with_seed(&buf, ENGINE_SEED)
+}
+
 /// Hashes of the full blocks of `tokens` (a trailing partial block is ignored).
 pub fn engine_block_hashes(tokens: &[u32], block_size: u32, cache_salt: Option<&str>) -> Vec<u64> {
     let bs = block_size.max(1) as usize;
     let mut out = Vec::with_capacity(tokens.len() / bs);
     let mut parent = engine_root(cache_salt);
-    let mut buf = Vec::with_capacity(8 + 4 * bs);
     for chunk in tokens.chunks_exact(bs) {
-        buf.clear();
-        buf.extend_from_slice(&parent.to_le_bytes());
-        for t in chunk {
-            buf.extend_from_slice(&t.to_le_bytes());
-        }
-        parent = xxh3_64_with_seed(&buf, ENGINE_SEED);
+        parent = engine_chain_hash(parent, chunk);
         out.push(parent);
     }
     out

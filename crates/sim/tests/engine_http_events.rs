@@ -480,3 +480,37 @@ async fn time_scale_divides_durations() {
     assert!((0.85..1.05).contains(&busy_s), "{busy_s}");
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn next_turn_hits_the_previous_answer() {
+    let mut conf = cfg(1024);
+    conf.kv_events = false;
+    let fleet = start(conf).await;
+    let url = format!("{}/v1/chat/completions", fleet.instances()[0].url);
+    let c = reqwest::Client::new();
+    let mut messages = vec![
+        json!({"role": "system", "content": prompt("rules", 15)}),
+        json!({"role": "user", "content": "first question"}),
+    ];
+    let (s, r1) = post(&c, &url, json!({"messages": messages, "max_tokens": 64})).await;
+    assert_eq!(s, 200);
+    let p1 = r1["usage"]["prompt_tokens"].as_u64().unwrap();
+    let answer = r1["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    messages.push(json!({"role": "assistant", "content": answer}));
+    messages.push(json!({"role": "user", "content": "second question"}));
+    let (s, r2) = post(&c, &url, json!({"messages": messages, "max_tokens": 4})).await;
+    assert_eq!(s, 200);
+    let cached = r2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    // Beyond the first prompt's full blocks: blocks of the generated answer hit too.
+    assert!(
+        cached >= (p1 + 63) / 16 * 16 - 16,
+        "cached {cached}, first prompt {p1}"
+    );
+    assert!(cached > p1 / 16 * 16, "cached {cached}, first prompt {p1}");
+    fleet.shutdown().await;
+}

@@ -19,7 +19,8 @@ pub struct SimRequest {
     /// Chained hashes of the full prompt blocks, in the engine's block size (extra entries beyond
     /// `prompt_tokens / block_size` are ignored).
     pub blocks: Vec<u64>,
-    /// Token ids of those blocks (`block_size` per block) for KV events; may be empty.
+    /// Token ids of those blocks (`block_size` per block) for KV events; may be empty. May also
+    /// hold every prompt token (needed to cache blocks of generated tokens).
     pub block_tokens: Vec<u32>,
     /// Prompt length in tokens (0 counts as 1).
     pub prompt_tokens: u32,
@@ -126,6 +127,19 @@ impl EngineModel {
 
     /// Queues a request, or refuses it now (it is then also reported by the next step).
     pub fn try_submit(&mut self, req: SimRequest, now_us: u64) -> Result<(), SimRequest> {
+        self.try_submit_with_output(req, Vec::new(), now_us)
+    }
+
+    /// Like [`EngineModel::try_submit`], also giving the token ids the request will generate.
+    /// With them, and with `block_tokens` holding *every* prompt token (not only the full
+    /// blocks'), full blocks of generated tokens are cached as vLLM does, chained from the last
+    /// prompt block with [`crate::hashing::engine_chain_hash`].
+    pub fn try_submit_with_output(
+        &mut self,
+        req: SimRequest,
+        output_ids: Vec<u32>,
+        now_us: u64,
+    ) -> Result<(), SimRequest> {
         let s = &mut self.sched;
         s.counters.submitted += 1;
         if s.waiting.len() >= s.params.max_waiting as usize || !s.admissible(&req) {
@@ -136,7 +150,7 @@ impl EngineModel {
             return Err(req);
         }
         let _ = now_us;
-        s.waiting.push_back(Seq::new(req));
+        s.waiting.push_back(Seq::new(req, output_ids));
         Ok(())
     }
 

@@ -8,7 +8,9 @@
 //! 2. waiting sequences in FCFS order while `max_num_seqs` and the budget allow: the prefix cache
 //!    is looked up (at most `(prompt − 1) / block_size` blocks, vLLM always recomputes the last
 //!    token), hit blocks are pinned, blocks for the first chunk are allocated, or admission stops;
-//! 3. every scheduled sequence advances; full prompt blocks are cached (`BlockStored`); a sequence
+//! 3. every scheduled sequence advances; full prompt blocks are cached (`BlockStored`), and so are
+//!    full blocks of generated tokens when the request supplied its prompt and output token ids
+//!    (chained with the engine hash of [`crate::hashing`]); a sequence
 //!    whose prefill completes emits its first token, a decoding one its next token; finished
 //!    sequences free their blocks tail-first.
 //!
@@ -22,6 +24,7 @@ use super::block_pool::BlockPool;
 use super::engine::{SimRequest, StepOutcome};
 use super::params::EngineParams;
 use super::timing::BatchShape;
+use crate::hashing::engine_chain_hash;
 
 /// One request inside the engine.
 #[derive(Debug)]
@@ -43,10 +46,14 @@ pub(crate) struct Seq {
     /// Whether it was admitted at least once (stats count the first admission only).
     pub admitted_once: bool,
     pub first_token_done: bool,
+    /// Token ids the request will generate (empty: output blocks are not cached).
+    pub output_ids: Vec<u32>,
+    /// Engine hashes of cached output blocks (block `prompt / bs + k` at index `k`).
+    pub output_hashes: Vec<u64>,
 }
 
 impl Seq {
-    pub fn new(req: SimRequest) -> Self {
+    pub fn new(req: SimRequest, output_ids: Vec<u32>) -> Self {
         let prompt = req.prompt_tokens.max(1);
         Seq {
             req,
@@ -58,6 +65,8 @@ impl Seq {
             cached_tokens: 0,
             admitted_once: false,
             first_token_done: false,
+            output_ids,
+            output_hashes: Vec::new(),
         }
     }
 
@@ -67,6 +76,26 @@ impl Seq {
 
     fn output(&self) -> u32 {
         self.req.output_tokens.max(1)
+    }
+
+    /// Whether full blocks holding generated tokens are cached too: needs every prompt token,
+    /// every full prompt block's hash (at least one, to chain from) and the output ids.
+    fn caches_output(&self, bs: u32) -> bool {
+        let pf = (self.prompt() / bs) as usize;
+        !self.output_ids.is_empty()
+            && pf >= 1
+            && self.req.blocks.len() >= pf
+            && self.req.block_tokens.len() >= self.prompt() as usize
+    }
+
+    /// Token at position `t` of prompt + output.
+    fn token_at(&self, t: usize) -> Option<u32> {
+        let p = self.prompt() as usize;
+        if t < p {
+            self.req.block_tokens.get(t).copied()
+        } else {
+            self.output_ids.get(t - p).copied()
+        }
     }
 
     /// Prompt blocks eligible for caching: full blocks with a known hash.
@@ -313,6 +342,37 @@ impl Scheduler {
                     tokens,
                 );
                 s.cached_blocks = full;
+            }
+            // Cache blocks of generated tokens that became full (vLLM caches them too, so the
+            // next turn of a conversation hits its own previous answer).
+            if s.caches_output(bs) {
+                let pf = (s.prompt() / bs) as usize;
+                let total_full = (s.computed / bs) as usize;
+                while s.cached_blocks >= pf && s.cached_blocks < total_full {
+                    let j = s.cached_blocks;
+                    let k = j - pf;
+                    let start = j * bs as usize;
+                    let tokens: Option<Vec<u32>> = (start..start + bs as usize)
+                        .map(|t| s.token_at(t))
+                        .collect();
+                    let Some(tokens) = tokens else { break };
+                    let parent = if k == 0 {
+                        s.req.blocks[pf - 1]
+                    } else {
+                        s.output_hashes[k - 1]
+                    };
+                    let h = match s.output_hashes.get(k) {
+                        Some(&h) => h,
+                        None => {
+                            let h = engine_chain_hash(parent, &tokens);
+                            s.output_hashes.push(h);
+                            h
+                        }
+                    };
+                    self.pool
+                        .cache_blocks(&s.blocks[j..j + 1], &[h], Some(parent), Some(&tokens));
+                    s.cached_blocks += 1;
+                }
             }
             if s.computed >= s.prefill_target {
                 s.generated += 1;

@@ -212,3 +212,53 @@ fn cpu_tier_hits_count_and_cost_less_than_prefill() {
         }
     )));
 }
+
+#[test]
+fn generated_blocks_are_cached_for_the_next_turn() {
+    use crate::hashing::engine_block_hashes;
+    let mut m = EngineModel::new(params(100));
+    let prompt: Vec<u32> = (1000..1020).collect(); // one full block + 4 tokens
+    let output: Vec<u32> = (5000..5030).collect();
+    let r1 = SimRequest {
+        id: 1,
+        blocks: engine_block_hashes(&prompt, 16, None),
+        block_tokens: prompt.clone(),
+        prompt_tokens: 20,
+        output_tokens: 30,
+    };
+    m.try_submit_with_output(r1, output.clone(), 0).unwrap();
+    let (_, _, end) = run(&mut m, 0);
+    // KV holds 20 + 29 tokens: blocks 1 and 2 of the sequence are full and hold generated tokens.
+    let stored: Vec<(usize, Option<u64>, usize)> = m
+        .drain_kv_events()
+        .into_iter()
+        .filter_map(|e| match e {
+            KvEvent::BlockStored {
+                block_hashes,
+                parent_block_hash,
+                token_ids,
+                ..
+            } => Some((block_hashes.len(), parent_block_hash, token_ids.len())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stored.len(), 3, "{stored:?}");
+    assert!(stored
+        .iter()
+        .skip(1)
+        .all(|s| s.0 == 1 && s.1.is_some() && s.2 == 16));
+    // The next turn's prompt = previous prompt + answer + more: it hits all three blocks.
+    let mut turn2 = prompt.clone();
+    turn2.extend_from_slice(&output);
+    turn2.extend(7000..7010);
+    let r2 = SimRequest {
+        id: 2,
+        blocks: engine_block_hashes(&turn2, 16, None),
+        block_tokens: turn2.clone(),
+        prompt_tokens: turn2.len() as u32,
+        output_tokens: 1,
+    };
+    m.submit(r2, end);
+    let (f, _, _) = run(&mut m, end);
+    assert_eq!(f[0].2, 48);
+}

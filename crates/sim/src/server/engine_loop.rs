@@ -53,8 +53,8 @@ pub struct ReqState {
 
 /// Commands to the loop.
 pub enum Cmd {
-    /// Queue a request.
-    Submit(SimRequest, Arc<ReqState>),
+    /// Queue a request with the token ids it will generate (may be empty).
+    Submit(SimRequest, Vec<u32>, Arc<ReqState>),
     /// `POST /reset_prefix_cache`; answers whether it succeeded.
     Reset(oneshot::Sender<bool>),
     /// Restart the engine; answers when done.
@@ -217,9 +217,9 @@ async fn handle(
     now_v: u64,
 ) {
     match cmd {
-        Cmd::Submit(req, state) => {
+        Cmd::Submit(req, output_ids, state) => {
             let id = req.id;
-            match model.try_submit(req, now_v) {
+            match model.try_submit_with_output(req, output_ids, now_v) {
                 Ok(()) => {
                     inflight.insert(
                         id,

@@ -72,8 +72,10 @@ pub struct AppState {
     pub rng: Mutex<SmallRng>,
     /// Output length when a request gives no `max_tokens`.
     pub default_max_tokens: u32,
-    /// Whether KV events are published (token ids then travel with requests).
+    /// Whether KV events are published.
     pub events_enabled: bool,
+    /// Words of generated text, with their token ids.
+    pub vocab: Arc<output::OutputVocab>,
 }
 
 /// The router of one engine.
@@ -169,13 +171,14 @@ impl RunningEngine {
             model: cfg.model,
             flavour: cfg.flavour,
             params: cfg.params,
-            tokens: cfg.tokens,
+            tokens: cfg.tokens.clone(),
             core,
             seed: cfg.seed,
             next_id: AtomicU64::new(1),
             rng: Mutex::new(SmallRng::seed_from_u64(cfg.seed)),
             default_max_tokens: cfg.default_max_tokens.max(1),
             events_enabled: publisher.is_some(),
+            vocab: Arc::new(output::OutputVocab::new(&cfg.tokens)),
         });
         let app = router(state.clone());
         let server = tokio::spawn(async move {

@@ -18,7 +18,6 @@ use serde_json::{json, Value};
 
 use super::engine_loop::{status, Cmd, ReqState};
 use super::error::ApiError;
-use super::output::token_text;
 use super::request::{parse, Kind, Parsed};
 use super::AppState;
 use crate::hashing::engine_block_hashes;
@@ -43,6 +42,7 @@ fn unix_now() -> u64 {
 
 /// What a response needs to render itself.
 struct Ctx {
+    vocab: Arc<super::output::OutputVocab>,
     kind: Kind,
     id: String,
     created: u64,
@@ -58,7 +58,7 @@ struct Ctx {
 impl Ctx {
     fn text(&self, from: u32, to: u32) -> String {
         (from..to)
-            .map(|i| token_text(self.seed, self.prompt_key, i))
+            .map(|i| self.vocab.text(self.seed, self.prompt_key, i))
             .collect()
     }
 
@@ -155,7 +155,6 @@ async fn complete(st: Arc<AppState>, kind: Kind, body: Bytes) -> Response {
         return ApiError::bad_request(fl, "the request needs more KV blocks than the engine has")
             .into_response();
     }
-    let full = blocks.len() * bs as usize;
     let prompt_key = blocks.last().copied().unwrap_or_else(|| {
         xxhash_rust::xxh3::xxh3_64_with_seed(
             &p.tokens
@@ -170,19 +169,21 @@ async fn complete(st: Arc<AppState>, kind: Kind, body: Bytes) -> Response {
     let req = SimRequest {
         id: num,
         blocks,
-        block_tokens: if st.events_enabled {
-            p.tokens[..full].to_vec()
-        } else {
-            Vec::new()
-        },
+        // Every prompt token: KV events carry the full blocks' ids, and blocks of generated
+        // tokens (which start inside the last partial prompt block) need the rest.
+        block_tokens: p.tokens.clone(),
         prompt_tokens: prompt_len,
         output_tokens: p.output_tokens,
     };
+    let output_ids = st
+        .vocab
+        .ids(st.seed, prompt_key, p.output_tokens)
+        .unwrap_or_default();
     let state = Arc::new(ReqState::default());
     if st
         .core
         .cmd_tx
-        .try_send(Cmd::Submit(req, state.clone()))
+        .try_send(Cmd::Submit(req, output_ids, state.clone()))
         .is_err()
     {
         return ApiError::new(fl, StatusCode::SERVICE_UNAVAILABLE, "engine queue is full")
@@ -193,6 +194,7 @@ async fn complete(st: Arc<AppState>, kind: Kind, body: Bytes) -> Response {
         Kind::Completion => "cmpl",
     };
     let ctx = Ctx {
+        vocab: st.vocab.clone(),
         kind,
         id: format!("{prefix}-{}-{num}", st.name),
         created: unix_now(),
@@ -268,10 +270,14 @@ fn stream_response(ctx: Ctx, state: Arc<ReqState>, fl: super::Flavour) -> Respon
             }
             loop {
                 let notified = state.notify.notified();
-                let produced = state
+                let mut produced = state
                     .produced
                     .load(Ordering::Relaxed)
                     .min(ctx.output_tokens);
+                if ctx.drop_after_first && emitted == 0 {
+                    // The fault cuts the connection right after the first token's chunk.
+                    produced = produced.min(1);
+                }
                 let st = state.status.load(Ordering::Acquire);
                 if st == status::ABORTED {
                     drop(notified);
