@@ -284,7 +284,11 @@ impl Scheduler {
         // that cannot fit, which `admissible` excludes; report rejections if any and idle.
         let rejected = std::mem::take(&mut self.rejected);
         if scheduled.is_empty() {
-            if rejected.is_empty() && self.running.is_empty() && !self.waiting.is_empty() {
+            if !preempted
+                && rejected.is_empty()
+                && self.running.is_empty()
+                && !self.waiting.is_empty()
+            {
                 // Defensive: drop the blocked head so the engine cannot spin forever.
                 if let Some(seq) = self.waiting.pop_front() {
                     self.counters.rejected += 1;

@@ -262,3 +262,81 @@ fn generated_blocks_are_cached_for_the_next_turn() {
     let (f, _, _) = run(&mut m, end);
     assert_eq!(f[0].2, 48);
 }
+
+#[test]
+fn random_workloads_keep_the_invariants() {
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+    use std::collections::HashSet;
+    for seed in 0..20u64 {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut p = params(rng.gen_range(8..200));
+        p.max_num_seqs = rng.gen_range(1..16);
+        p.max_num_batched_tokens = rng.gen_range(16..600);
+        p.num_cpu_blocks = if seed % 2 == 0 {
+            rng.gen_range(0..50)
+        } else {
+            0
+        };
+        let mut m = EngineModel::new(p);
+        let mut now = 0;
+        let mut accepted_out = 0u64;
+        let mut done = HashSet::new();
+        let mut events = Vec::new();
+        for id in 0..60u64 {
+            let r = req(
+                id,
+                rng.gen_range(0..5),
+                rng.gen_range(0..12),
+                rng.gen_range(1..40),
+            );
+            if m.try_submit(r.clone(), now).is_ok() {
+                accepted_out += u64::from(r.output_tokens);
+            }
+            for _ in 0..rng.gen_range(0..4) {
+                if let Some(out) = m.step(now) {
+                    now = out.end_us;
+                    done.extend(out.finished);
+                }
+            }
+            events.extend(m.drain_kv_events());
+        }
+        for _ in 0..100_000 {
+            let Some(out) = m.step(now) else { break };
+            now = out.end_us;
+            done.extend(out.finished);
+        }
+        events.extend(m.drain_kv_events());
+        assert!(m.is_idle());
+        assert_eq!(m.load().kv_usage, 0.0, "seed {seed}: blocks leaked");
+        let st = m.stats();
+        assert_eq!(st.generation_tokens, accepted_out, "seed {seed}");
+        assert_eq!(done.len() as u64, st.requests_finished);
+        // The GPU event stream reproduces the cache exactly.
+        let mut gpu = HashSet::new();
+        for e in events {
+            match e {
+                KvEvent::BlockStored {
+                    block_hashes,
+                    medium: Medium::Gpu,
+                    ..
+                } => {
+                    for h in block_hashes {
+                        assert!(gpu.insert(h), "seed {seed}: stored twice without removal");
+                    }
+                }
+                KvEvent::BlockRemoved {
+                    block_hashes,
+                    medium: Medium::Gpu,
+                } => {
+                    for h in block_hashes {
+                        assert!(gpu.remove(&h), "seed {seed}: removed unknown block");
+                    }
+                }
+                _ => {}
+            }
+        }
+        let truth: HashSet<u64> = m.cached_hashes().into_iter().collect();
+        assert_eq!(gpu, truth, "seed {seed}");
+    }
+}

@@ -150,7 +150,7 @@ async fn complete(st: Arc<AppState>, kind: Kind, body: Bytes) -> Response {
     let bs = st.params.block_size;
     let blocks = engine_block_hashes(&p.tokens, bs, p.cache_salt.as_deref());
     if (p.tokens.len() as u64 + u64::from(p.output_tokens)).div_ceil(u64::from(bs))
-        > u64::from(st.params.num_gpu_blocks)
+        > u64::from(st.params.num_gpu_blocks.saturating_sub(1).max(1))
     {
         return ApiError::bad_request(fl, "the request needs more KV blocks than the engine has")
             .into_response();
@@ -222,7 +222,7 @@ async fn full_response(ctx: Ctx, state: Arc<ReqState>, fl: super::Flavour) -> Re
                 return ApiError::new(
                     fl,
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "request rejected: engine queue full",
+                    "request rejected: engine queue full or request too long",
                 )
                 .into_response()
             }
@@ -292,7 +292,7 @@ fn stream_response(ctx: Ctx, state: Arc<ReqState>, fl: super::Flavour) -> Respon
                         &ApiError::new(
                             fl,
                             StatusCode::SERVICE_UNAVAILABLE,
-                            "request rejected: engine queue full",
+                            "request rejected: engine queue full or request too long",
                         )
                         .body(),
                         &mut out,
