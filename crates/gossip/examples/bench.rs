@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run -p kvgate-gossip --release --example bench -- [--scenario chat|fresh|both]
-//!     [--secs 15] [--rate 250] [--nodes 4] [--instances 8] [--block-tokens 16] [--stride 1]
+//!     [--secs 15] [--rate 250] [--nodes 4] [--instances 8] [--block-tokens 16] [--stride 16]
 //! ```
 //!
 //! Scenarios:
@@ -54,7 +54,7 @@ fn parse_args() -> Result<Args> {
         nodes: 4,
         instances: 8,
         block_tokens: 16,
-        stride: 1,
+        stride: GossipConfig::default().checkpoint_stride,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {

@@ -60,9 +60,10 @@ pub struct GossipConfig {
     pub log_max_bytes: usize,
     /// Share a decision as every `checkpoint_stride`-th block hash (plus its last) instead of every
     /// block hash: `checkpoint_stride`× less placement traffic, at the price of matching peers'
-    /// placements at that granularity. 1 = every hash, applied to the index on arrival; above 1
-    /// the gateway must call `Gossip::materialize` before matching a prompt. Must be the same on
-    /// every replica.
+    /// placements at that granularity (a prompt sharing only part of a peer's decision matches up
+    /// to the last checkpoint inside the shared part). 1 = every hash, applied to the index on
+    /// arrival; above 1 the gateway calls `Gossip::materialize` before matching a prompt. Must be
+    /// the same on every replica.
     pub checkpoint_stride: usize,
     /// Bound on checkpoint hashes received from peers and not yet materialized.
     pub max_checkpoints: usize,
@@ -103,7 +104,7 @@ impl Default for GossipConfig {
             peer_ttl_ms: 5_000,
             prediction_ttl_ms: 120_000,
             log_max_bytes: 16 * 1024 * 1024,
-            checkpoint_stride: 1,
+            checkpoint_stride: 16,
             max_checkpoints: 1 << 20,
             max_pending_hashes: 1 << 20,
             snapshot_bytes_per_s: 8 * 1024 * 1024,

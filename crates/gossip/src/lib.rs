@@ -63,20 +63,19 @@
 //!
 //! ## Bandwidth and state bounds
 //!
-//! Block hashes are uniformly random 64-bit values, so 8 bytes per block is the floor; everything
-//! around them is varints. A decision costs `8 (instance) + ~2 (age) + 3 (ttl) + 2 (count) + 8·n`
-//! bytes for `n` new blocks, plus a 66-byte envelope per ≤ 60 KiB batch. With `R` decisions/s per
-//! replica, `n̄` new blocks per decision and `N` replicas, each replica sends and receives
-//! about `(N − 1) · R · (15 + 8 n̄)` bytes/s of placements, plus load shares
-//! (`(N − 1) · 20 · (10 + 15 · instances)` bytes/s at the 50 ms load tick) and membership
-//! (~1 KB/s): linear in the new-block rate and in the replica count, independent of the index
-//! size. An ~8K-token prompt is 512 blocks of 16 tokens (4,111 bytes if every block is new) or 128
-//! blocks of 64 tokens (1,039 bytes); only the blocks the index did not already hold on the chosen
-//! instance are sent, so with multi-turn reuse `n̄` is the new turn, not the prompt. At
-//! 250 decisions/s per replica and 4 replicas that is 3 × 250 × (15 + 8 n̄) bytes/s:
-//! ≈ 3.1 MB/s when every block of a 16-token-block prompt is new (the worst case), and
-//! ≈ 0.5 MB/s at `n̄ ≈ 80` (1,280 new tokens per request).
-//! `docs/gossip.md` has the measured figures.
+//! Block hashes are uniformly random 64-bit values, so 8 bytes per hash is the floor; everything
+//! around them is varints. Only the blocks the index did not already hold on the chosen instance
+//! are shared, and by default only as **checkpoints** ([`checkpoints`]): because hashes are
+//! chained, one hash names its whole prefix, so sending every 16th new block's hash (plus the
+//! last) lets a receiver rebuild the prefix when a prompt containing it arrives. A decision costs
+//! about `15 + 8·c` bytes for `c` hashes sent (`c ≈ n/16 + 1` for `n` new blocks, or `c = n` with
+//! `checkpoint_stride = 1`), plus a 66-byte envelope per ≤ 60 KiB batch. With `R` decisions/s per
+//! replica and `N` replicas each replica sends and receives about `(N − 1) · R · (15 + 8c)`
+//! bytes/s of placements, plus load shares and membership (a few KB/s): linear in the new-block
+//! rate and in the replica count, independent of the index size. For ~8K-token prompts of 512
+//! 16-token blocks at 250 decisions/s and 4 replicas: ≈ 200 KB/s per replica when every block is
+//! new (3.1 MB/s sending every hash), ≈ 67 KB/s for multi-turn chat with ~130 new blocks per
+//! decision (0.8 MB/s sending every hash). `docs/gossip.md` has the measured figures.
 //!
 //! State is bounded independently of traffic: the pending queue by `max_pending_hashes` (oldest
 //! dropped and counted), the resend log by `log_max_bytes`, the peer table by 1,024 authenticated

@@ -40,6 +40,8 @@ pub fn fast_config(seeds: &[SocketAddr]) -> GossipConfig {
         seed_interval_ms: 300,
         peer_ttl_ms: 2_000,
         prediction_ttl_ms: PREDICTION_TTL_MS,
+        // Every hash: these tests exercise the full-hash path; checkpoint tests set 16.
+        checkpoint_stride: 1,
         ..GossipConfig::default()
     }
 }
