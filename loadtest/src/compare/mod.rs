@@ -216,19 +216,32 @@ async fn run_on_fleet(
     let infos = fleet.instances();
     let workers: Vec<String> = infos.iter().map(|i| i.url.clone()).collect();
     let names: Vec<String> = infos.iter().map(|i| i.name.clone()).collect();
-    let (router, url, version, command) = start_router(cfg, spec, &workers, fleet).await?;
+    let (mut router, url, version, command) = start_router(cfg, spec, &workers, fleet).await?;
     let client = reqwest::Client::new();
     let measured = async {
-        ready::wait_ready(
+        let ready = ready::wait_ready(
             &client,
             &url,
             &workers,
             &cfg.fleet.model,
             builder.api(),
             cfg.ready_timeout,
-        )
-        .await
-        .map_err(|e| e.to_string())?;
+        );
+        // An external router that exits (bad flags, missing binary) fails now, not at the timeout.
+        let exited = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                if let Router::External(e) = &mut router {
+                    if !e.is_running() {
+                        return format!("router exited during start-up; see {}", e.log.display());
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            r = ready => r.map_err(|e| e.to_string())?,
+            msg = exited => return Err(msg),
+        }
         let before = fleet_metrics::snapshot(&client, &workers, 0.0)
             .await
             .map_err(|e| e.to_string())?;

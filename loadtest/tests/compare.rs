@@ -1,0 +1,101 @@
+//! The comparison orchestrator: fresh fleets, in-process kvgate, failing external routers.
+
+use std::time::Duration;
+
+use kvgate_core::policy::PolicyName;
+use kvgate_loadtest::compare::{self, CompareConfig, ContenderSpec};
+use kvgate_loadtest::prompt::{ApiKind, PromptBuilder};
+use kvgate_loadtest::replay::{Arrivals, ReplayConfig};
+use kvgate_loadtest::trace::{Trace, TraceRequest};
+use kvgate_sim::FleetConfig;
+
+fn trace() -> Trace {
+    let reqs = (0..12u64)
+        .map(|i| TraceRequest {
+            timestamp_ms: i * 100,
+            input_length: 3 * 64 + 10,
+            output_length: 3,
+            hash_ids: vec![0, 1 + i % 3, 10 + i % 3, 100 + i],
+        })
+        .collect();
+    Trace::from_requests(reqs, 64).unwrap()
+}
+
+fn config(contenders: Vec<ContenderSpec>) -> CompareConfig {
+    let fleet = FleetConfig {
+        engines: 2,
+        time_scale: 20.0,
+        ..FleetConfig::default()
+    };
+    CompareConfig {
+        replay: ReplayConfig {
+            arrivals: Arrivals::Trace { speed_up: 1.0 },
+            request_timeout: Duration::from_secs(15),
+            drain_timeout: Duration::from_secs(15),
+            max_duration: Some(Duration::from_secs(10)),
+            progress: false,
+            ..ReplayConfig::new("", fleet.model.clone())
+        },
+        fleet,
+        contenders,
+        kvgate_base: kvgate::config::Config::default(),
+        python: "python3".into(),
+        ready_timeout: Duration::from_secs(15),
+        sample_interval: Duration::from_millis(200),
+        log_dir: std::env::temp_dir().join(format!("kvgate-lt-compare-{}", std::process::id())),
+        keep_records: true,
+        model_time: true,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_contender_runs_on_a_fresh_fleet() {
+    let cfg = config(vec![
+        ContenderSpec::kvgate(PolicyName::RoundRobin),
+        ContenderSpec::External {
+            name: "exits".into(),
+            command: "sh -c 'exit 3'".into(),
+            version_command: Some("echo 9.9".into()),
+        },
+        ContenderSpec::kvgate(PolicyName::ConsistentHash),
+    ]);
+    let b = PromptBuilder::builtin(ApiKind::Chat, 64, 1).unwrap();
+    let results = compare::run(&trace(), &b, &cfg).await;
+    assert_eq!(results.len(), 3);
+    let failed = &results[1];
+    assert!(
+        failed.error.as_deref().unwrap_or("").contains("exited"),
+        "{:?}",
+        failed.error
+    );
+    for r in [&results[0], &results[2]] {
+        let s = r
+            .summary
+            .as_ref()
+            .unwrap_or_else(|| panic!("{}: {:?}", r.name, r.error));
+        assert_eq!((s.sent, s.ok, s.error_total), (12, 12, 0), "{}", r.name);
+        let f = r.fleet.as_ref().unwrap();
+        // Cold caches: the engines saw exactly this contender's 12 requests.
+        assert_eq!(
+            f.requests_per_engine.iter().sum::<f64>(),
+            12.0,
+            "{}",
+            r.name
+        );
+        assert_eq!(r.ttft_sorted.len(), 12);
+        assert_eq!(r.records.len(), 12);
+        assert!(!r.series.is_empty());
+    }
+    // Round robin splits evenly; consistent hashing on shared prefixes hits more.
+    let rr = results[0].summary.as_ref().unwrap();
+    assert!(
+        rr.instance_share.values().all(|&v| (v - 0.5).abs() < 1e-9),
+        "{rr:?}"
+    );
+    let ch = results[2].summary.as_ref().unwrap();
+    assert!(
+        ch.hit_ratio.unwrap() >= rr.hit_ratio.unwrap(),
+        "{ch:?} vs {rr:?}"
+    );
+    let _ = std::fs::remove_dir_all(&cfg.log_dir);
+}
