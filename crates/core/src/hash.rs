@@ -74,12 +74,12 @@ pub fn hash_text_blocks(
     }
     out.reserve(text.len() / block_bytes);
     // One scratch buffer per call: parent (8 bytes) followed by the block's bytes.
-    let mut buf = Vec::with_capacity(8 + block_bytes);
+    let mut buf = vec![0u8; 8 + block_bytes];
     let mut parent = root;
     for block in text.chunks_exact(block_bytes) {
-        buf.clear();
-        buf.extend_from_slice(&parent.to_le_bytes());
-        buf.extend_from_slice(block);
+        let (head, body) = buf.split_at_mut(8);
+        head.copy_from_slice(&parent.to_le_bytes());
+        body.copy_from_slice(block);
         parent = xxh3_64_with_seed(&buf, HASH_SEED);
         out.push(parent);
     }
@@ -99,13 +99,14 @@ pub fn hash_token_blocks(
         return;
     }
     out.reserve(tokens.len() / block_tokens);
-    let mut buf = Vec::with_capacity(8 + 4 * block_tokens);
+    // One fixed-size scratch buffer: parent, then the block's ids; filled in place per block.
+    let mut buf = vec![0u8; 8 + 4 * block_tokens];
     let mut parent = parent;
     for block in tokens.chunks_exact(block_tokens) {
-        buf.clear();
-        buf.extend_from_slice(&parent.to_le_bytes());
-        for t in block {
-            buf.extend_from_slice(&t.to_le_bytes());
+        let (head, body) = buf.split_at_mut(8);
+        head.copy_from_slice(&parent.to_le_bytes());
+        for (dst, t) in body.chunks_exact_mut(4).zip(block) {
+            dst.copy_from_slice(&t.to_le_bytes());
         }
         parent = xxh3_64_with_seed(&buf, HASH_SEED);
         out.push(parent);

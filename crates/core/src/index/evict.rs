@@ -115,6 +115,10 @@ impl PlacementIndex {
                 freed += 1;
             }
         }
+        let len = ring.len();
+        if ring.capacity() > len + len / 2 + 1024 {
+            ring.shrink_to(len + len / 4);
+        }
         freed
     }
 
@@ -130,6 +134,7 @@ impl PlacementIndex {
                 .is_some_and(|hs| hs.as_slice().iter().any(|e| e.instance == instance));
             held && seen.insert(h)
         });
-        ring.shrink_to(ring.len() * 2);
+        let len = ring.len();
+        ring.shrink_to(len + len / 4);
     }
 }

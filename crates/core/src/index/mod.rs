@@ -146,7 +146,7 @@ struct Shard {
     spill_bytes: usize,
 }
 
-/// Stale ring slots tolerated beyond twice the live count before compaction.
+/// Stale ring slots tolerated beyond 1.5 × the live count before compaction.
 const RING_SLACK: usize = 1024;
 
 impl PlacementIndex {
@@ -408,7 +408,8 @@ impl PlacementIndex {
         {
             let mut ring = slot.ring.lock();
             ring.extend(gained.iter().copied());
-            if ring.len() > 2 * slot.count.load(Ordering::Relaxed) + RING_SLACK {
+            let live = slot.count.load(Ordering::Relaxed);
+            if ring.len() > live + live / 2 + RING_SLACK {
                 self.compact_ring(instance.0, &mut ring);
             }
         }

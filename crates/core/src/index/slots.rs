@@ -4,7 +4,7 @@
 //! - Slots are allocated lazily in chunks and never move, so they are reached without a lock.
 //! - Instance ids at or above [`MAX_INSTANCES`] have no slot; the index ignores them.
 //! - The ring lists hashes the instance gained, oldest first. It may hold stale hashes (entries
-//!   since removed or expired) and duplicates; it is compacted once it exceeds twice the live
+//!   since removed or expired) and duplicates; it is compacted once it exceeds 1.5 × the live
 //!   count plus a constant, so it stays O(entries).
 
 use crate::BlockHash;
