@@ -1,0 +1,358 @@
+//! The `offline` subcommand: arguments, the run, the JSON report and the summary table.
+//!
+//! Invariants: every figure printed is also in the JSON report; the report records the exact
+//! parameters used (fleet, router settings, policy configuration after overrides, seed,
+//! speed-up), so a run can be repeated exactly.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use kvgate_sim::model::EngineParams;
+use serde::{Deserialize, Serialize};
+
+use super::engine_loop::FleetSpec;
+use super::policies::{apply_overrides, resolve_policies};
+use super::result::{PolicyResult, References};
+use super::router::{nominal_rates, IndexMode, RouterSettings};
+use super::runner::{run_with_references, OfflineConfig};
+use super::utilisation::{find_speed_up, SpeedUpFit};
+use super::workload::Workload;
+use super::OfflineError;
+use crate::trace::Trace;
+
+/// Arguments of `kvgate-loadtest offline`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct OfflineArgs {
+    /// Mooncake-format JSONL trace.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Tokens per trace block (`hash_ids` granularity).
+    #[arg(long, default_value_t = 512)]
+    pub trace_block_tokens: u32,
+    /// Replay only the first N requests.
+    #[arg(long)]
+    pub max_requests: Option<usize>,
+    /// Number of simulated engines.
+    #[arg(long, default_value_t = 16)]
+    pub engines: usize,
+    /// Engine model/GPU class (see `kvgate-sim` presets).
+    #[arg(long, default_value = "llama3-8b-h100")]
+    pub preset: String,
+    /// GPU KV blocks per engine (overrides the preset's capacity).
+    #[arg(long)]
+    pub capacity_blocks: Option<u32>,
+    /// CPU-offload KV blocks per engine (0 = no offload tier).
+    #[arg(long)]
+    pub cpu_blocks: Option<u32>,
+    /// Trace speed-up (arrival times divided by it).
+    #[arg(long, conflicts_with = "target_utilisation")]
+    pub speed_up: Option<f64>,
+    /// Instead of a speed-up: find the one where round robin keeps the fleet this busy (0..1).
+    #[arg(long)]
+    pub target_utilisation: Option<f64>,
+    /// Policies to compare: `all` or a comma-separated list.
+    #[arg(long, default_value = "all")]
+    pub policies: String,
+    /// Seed for tie-breaking and event ordering.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Placement index sources.
+    #[arg(long, default_value = "both")]
+    pub index: IndexMode,
+    /// Policy parameter override, `section.field=value` (repeatable), e.g. `kvgate.queue_weight=2`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Lifetime of a predicted placement (default: the gateway's).
+    #[arg(long)]
+    pub predicted_ttl_ms: Option<u64>,
+    /// Instance rates the router starts from: `nominal` (calibrated to the engine model, as an
+    /// operator would configure them) or `gateway` (the gateway's uncalibrated defaults).
+    #[arg(long, default_value = "nominal")]
+    pub rates: RatesMode,
+    /// Index entry bound per instance as a multiple of the engine's GPU + CPU blocks.
+    #[arg(long, default_value_t = 2.0)]
+    pub index_capacity_factor: f64,
+    /// How often expired predictions are swept from the index, virtual ms (routing ignores
+    /// expired predictions either way and capacity eviction takes them first, so the sweep only
+    /// frees memory; the gateway sweeps every second of wall time).
+    #[arg(long, default_value_t = 60_000)]
+    pub expire_interval_ms: u64,
+    /// Engine metrics scrape interval in virtual ms (0 = never scraped).
+    #[arg(long, default_value_t = 1000)]
+    pub scrape_interval_ms: u64,
+    /// Skip the no-queue TTFT floor (the slowest reference).
+    #[arg(long)]
+    pub no_floor: bool,
+    /// Worker threads (default: available cores).
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    /// Write the full report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// Where the router's per-instance rates come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum RatesMode {
+    /// Calibrated to the engine model ([`super::router::nominal_rates`]).
+    Nominal,
+    /// The gateway's configured defaults.
+    Gateway,
+}
+
+/// Parameters a report was produced with.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunParams {
+    /// Trace path.
+    pub trace: String,
+    /// Requests replayed.
+    pub requests: usize,
+    /// Engines.
+    pub engines: usize,
+    /// Preset name.
+    pub preset: String,
+    /// Engine parameters after overrides.
+    pub engine: EngineParams,
+    /// Speed-up applied to the trace.
+    pub speed_up: f64,
+    /// Utilisation search, when one ran.
+    pub speed_up_fit: Option<SpeedUpFit>,
+    /// Index sources.
+    pub index: IndexMode,
+    /// Prediction lifetime.
+    pub predicted_ttl_ms: u64,
+    /// Scrape interval.
+    pub scrape_interval_ms: u64,
+    /// Prefill rate the router assumed per instance, tokens/s.
+    pub prefill_tokens_per_s: f64,
+    /// Decode interference the router assumed, ms per decoding sequence.
+    pub decode_interference_ms: f64,
+    /// Policy configuration after overrides.
+    pub policy_config: serde_json::Value,
+    /// Overrides as given.
+    pub overrides: Vec<String>,
+    /// Seed.
+    pub seed: u64,
+}
+
+/// The whole report of one `offline` run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OfflineReport {
+    /// What ran.
+    pub params: RunParams,
+    /// References computed from the workload and fleet.
+    pub references: References,
+    /// One entry per policy, in the order given.
+    pub results: Vec<PolicyResult>,
+    /// Wall time of the whole command, seconds.
+    pub wall_s: f64,
+}
+
+/// Router settings with the gateway's defaults for this fleet (see [`RouterSettings::gateway_defaults`]).
+pub fn gateway_router_settings(
+    fleet: &FleetSpec,
+    index: IndexMode,
+    predicted_ttl_ms: Option<u64>,
+    scrape_interval_ms: u64,
+) -> RouterSettings {
+    let mut s = RouterSettings::gateway_defaults(
+        u64::from(fleet.params.num_gpu_blocks) + u64::from(fleet.params.num_cpu_blocks),
+    );
+    s.index_mode = index;
+    if let Some(ttl) = predicted_ttl_ms {
+        s.predicted_ttl_ms = ttl;
+    }
+    s.scrape_interval_ms = scrape_interval_ms;
+    s
+}
+
+/// Mean context of a decoding sequence: mean prompt plus half the mean output.
+fn typical_context(w: &Workload) -> u32 {
+    let n = w.requests.len().max(1) as u64;
+    let prompt: u64 = w.requests.iter().map(|r| u64::from(r.prompt_tokens)).sum();
+    let out: u64 = w.requests.iter().map(|r| u64::from(r.output_tokens)).sum();
+    ((prompt + out / 2) / n).min(u64::from(u32::MAX)) as u32
+}
+
+/// Runs the `offline` subcommand: simulates, prints the summary table, writes the JSON report.
+pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
+    let started = Instant::now();
+    let mut trace = Trace::load_with(&args.trace, args.trace_block_tokens)?;
+    if let Some(n) = args.max_requests {
+        trace = trace.slice(Some(n), None);
+    }
+    let mut params =
+        EngineParams::from_preset(&args.preset).map_err(|e| OfflineError::Engine(e.to_string()))?;
+    if let Some(c) = args.capacity_blocks {
+        params.num_gpu_blocks = c;
+    }
+    if let Some(c) = args.cpu_blocks {
+        params.num_cpu_blocks = c;
+    }
+    params
+        .validate()
+        .map_err(|e| OfflineError::Engine(e.to_string()))?;
+    if args.engines == 0 {
+        return Err(OfflineError::Param("--engines must be at least 1".into()));
+    }
+    let fleet = FleetSpec {
+        engines: args.engines,
+        params: params.clone(),
+    };
+    let policy_cfg = apply_overrides(&args.overrides)?;
+    let policies = resolve_policies(&args.policies)?;
+    let base = Workload::from_trace(&trace, params.block_size, 1.0)?;
+    let mut router = gateway_router_settings(
+        &fleet,
+        args.index,
+        args.predicted_ttl_ms,
+        args.scrape_interval_ms,
+    );
+    router.index_capacity_factor = args.index_capacity_factor;
+    router.expire_interval_ms = args.expire_interval_ms.max(1);
+    if args.rates == RatesMode::Nominal {
+        router.rates = nominal_rates(&params, typical_context(&base));
+    }
+    let cfg = OfflineConfig {
+        router,
+        fleet,
+        policy: policy_cfg,
+        seed: args.seed,
+        jobs: args
+            .jobs
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+    };
+    let (speed_up, fit) = match (args.speed_up, args.target_utilisation) {
+        (Some(s), _) => (s, None),
+        (None, Some(u)) => {
+            let fit = find_speed_up(&base, &cfg, u, 0.01, 10)?;
+            eprintln!(
+                "round_robin reaches {:.1} % prefill utilisation at speed-up {:.3} ({} probes)",
+                fit.utilisation * 100.0,
+                fit.speed_up,
+                fit.probes.len()
+            );
+            (fit.speed_up, Some(fit))
+        }
+        (None, None) => (1.0, None),
+    };
+    let workload = base.rescaled(speed_up)?;
+    let (results, references) = run_with_references(&workload, &cfg, &policies, !args.no_floor)?;
+    let report = OfflineReport {
+        params: RunParams {
+            trace: args.trace.display().to_string(),
+            requests: workload.requests.len(),
+            engines: cfg.fleet.engines,
+            preset: args.preset.clone(),
+            engine: params,
+            speed_up,
+            speed_up_fit: fit,
+            index: args.index,
+            predicted_ttl_ms: cfg.router.predicted_ttl_ms,
+            scrape_interval_ms: cfg.router.scrape_interval_ms,
+            prefill_tokens_per_s: cfg.router.rates.prefill_tokens_per_s,
+            decode_interference_ms: cfg.router.rates.decode_interference_ms,
+            policy_config: serde_json::to_value(&cfg.policy).unwrap_or(serde_json::Value::Null),
+            overrides: args.overrides.clone(),
+            seed: args.seed,
+        },
+        references,
+        results,
+        wall_s: started.elapsed().as_secs_f64(),
+    };
+    println!("{}", summary_table(&report));
+    if let Some(path) = &args.json {
+        let out = |msg: String| OfflineError::Output {
+            path: path.display().to_string(),
+            msg,
+        };
+        let body = serde_json::to_vec_pretty(&report).map_err(|e| out(e.to_string()))?;
+        std::fs::write(path, body).map_err(|e| out(e.to_string()))?;
+    }
+    Ok(report)
+}
+
+/// The terminal summary: one row per policy with ratios against the best contender, then the
+/// references.
+pub fn summary_table(report: &OfflineReport) -> String {
+    let rs = &report.results;
+    let best = |f: &dyn Fn(&PolicyResult) -> f64, higher: bool| -> f64 {
+        let it = rs.iter().map(f).filter(|v| v.is_finite());
+        if higher {
+            it.fold(f64::NEG_INFINITY, f64::max)
+        } else {
+            it.fold(f64::INFINITY, f64::min)
+        }
+    };
+    let best_mean = best(&|r| r.ttft_s.mean, false);
+    let best_p99 = best(&|r| r.ttft_s.p99, false);
+    let best_hit = best(&|r| r.hit_ratio, true);
+    let rel = |v: f64, b: f64| if b > 0.0 && b.is_finite() { v / b } else { 0.0 };
+    let p = &report.params;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "offline: {} requests, {} × {} ({} GPU + {} CPU blocks of {} tokens), speed-up {:.3}, index {:?}, seed {}",
+        p.requests,
+        p.engines,
+        p.preset,
+        p.engine.num_gpu_blocks,
+        p.engine.num_cpu_blocks,
+        p.engine.block_size,
+        p.speed_up,
+        p.index,
+        p.seed
+    );
+    let _ = writeln!(
+        s,
+        "{:<20} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6} {:>7} {:>6} {:>6} {:>6} {:>5} {:>5} {:>7}",
+        "policy", "ttft", "p50", "p90", "p99", "e2e", "out tok/s", "hit", "×mean", "×p99", "÷hit",
+        "share", "spread", "util", "busy", "errors"
+    );
+    for r in rs {
+        let _ = writeln!(
+            s,
+            "{:<20} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.2} {:>9.0} {:>6.3} {:>6.2} {:>7.2} {:>6.2} {:>6.2} {:>6.2} {:>5.2} {:>5.2} {:>7}",
+            r.policy,
+            r.ttft_s.mean,
+            r.ttft_s.p50,
+            r.ttft_s.p90,
+            r.ttft_s.p99,
+            r.e2e_s.mean,
+            r.output_tokens_per_s,
+            r.hit_ratio,
+            rel(r.ttft_s.mean, best_mean),
+            rel(r.ttft_s.p99, best_p99),
+            rel(r.hit_ratio, best_hit),
+            r.share_max_over_mean,
+            r.load_spread,
+            r.utilisation,
+            r.busy,
+            r.rejected + r.unfinished,
+        );
+    }
+    let f = &report.references;
+    let _ = writeln!(
+        s,
+        "references: infinite-cache hit {:.3}, fleet-LRU hit {:.3} ({} blocks), no-queue TTFT floor mean {:.3} p50 {:.3} p90 {:.3} p99 {:.3}",
+        f.infinite_hit_ratio,
+        f.fleet_lru_hit_ratio,
+        f.fleet_lru_capacity_blocks,
+        f.ttft_floor_s.mean,
+        f.ttft_floor_s.p50,
+        f.ttft_floor_s.p90,
+        f.ttft_floor_s.p99
+    );
+    let _ = writeln!(
+        s,
+        "(times in s; ×mean/×p99: TTFT over the best contender's; ÷hit: hit ratio over the best; share: busiest instance's request share over the mean; spread: time-weighted max/mean in-flight; util: prefill work over prefill capacity; busy: time in engine steps; wall {:.1} s; per policy: {})",
+        report.wall_s,
+        rs.iter()
+            .map(|r| format!("{} {:.1}s", r.policy, r.wall_ms / 1e3))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    s
+}

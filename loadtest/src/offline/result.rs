@@ -1,0 +1,87 @@
+//! What one simulated run reports, and the references it is compared with.
+//!
+//! Invariants: every figure is computed from the engines' own counters or from per-request
+//! timestamps in virtual time (never from what the router believed), except
+//! `router_matched_ratio`, which is labelled as the router's belief.
+
+use serde::{Deserialize, Serialize};
+
+use super::summary::Dist;
+
+/// One point of a run's timeline (a fixed-width bucket of virtual time).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TimelinePoint {
+    /// Bucket start, seconds of virtual time.
+    pub t_s: f64,
+    /// Hit ratio (tokens) of requests that got their first token in this bucket.
+    pub hit_ratio: f64,
+    /// Time-weighted max/mean in-flight requests over instances (1 = perfectly even).
+    pub load_spread: f64,
+    /// Time-weighted mean in-flight requests per instance.
+    pub mean_in_flight: f64,
+    /// Mean TTFT of requests that got their first token in this bucket, seconds.
+    pub mean_ttft_s: f64,
+}
+
+/// Results of one policy on one workload and fleet.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PolicyResult {
+    /// Policy name.
+    pub policy: String,
+    /// Requests in the workload.
+    pub requests: usize,
+    /// Requests that finished.
+    pub completed: usize,
+    /// Requests an engine refused (queue full or too long).
+    pub rejected: usize,
+    /// Requests still running when the simulation stopped (only with a time bound).
+    pub unfinished: usize,
+    /// Time to first token, seconds.
+    pub ttft_s: Dist,
+    /// End-to-end latency, seconds.
+    pub e2e_s: Dist,
+    /// Generated tokens per second over the makespan.
+    pub output_tokens_per_s: f64,
+    /// Finished requests per second over the makespan.
+    pub requests_per_s: f64,
+    /// Prefix hit ratio in prompt tokens, from the engines' counters.
+    pub hit_ratio: f64,
+    /// Prompt tokens the engines served from cache.
+    pub cached_tokens: u64,
+    /// Prompt tokens the engines received.
+    pub prompt_tokens: u64,
+    /// Share of the prompt tokens the router *believed* cached on its choice (index view).
+    pub router_matched_ratio: f64,
+    /// Fraction of requests sent to each instance.
+    pub instance_share: Vec<f64>,
+    /// Largest instance share over the mean share (1 = perfectly even).
+    pub share_max_over_mean: f64,
+    /// Time-weighted max/mean in-flight requests over instances, over the run.
+    pub load_spread: f64,
+    /// Prefill utilisation between the first and the last arrival: prompt tokens the engines
+    /// computed (uncached, recomputation included) over what the fleet could prefill at its
+    /// nominal rate in that time. The load measure that drives queueing for the first token.
+    pub utilisation: f64,
+    /// Fraction of time the engines spent in steps between the first and the last arrival
+    /// (a step decoding one sequence counts as busy, so this overstates load at low batch sizes).
+    pub busy: f64,
+    /// First arrival to last completion, seconds of virtual time.
+    pub makespan_s: f64,
+    /// Wall-clock time the simulation took, milliseconds.
+    pub wall_ms: f64,
+    /// Hit ratio, load spread and TTFT over time.
+    pub timeline: Vec<TimelinePoint>,
+}
+
+/// Workload-level references no router can beat (or, for the LRU, hardly).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct References {
+    /// Hit ratio of one infinite cache.
+    pub infinite_hit_ratio: f64,
+    /// Hit ratio of one LRU cache as large as the whole fleet.
+    pub fleet_lru_hit_ratio: f64,
+    /// Capacity of that LRU, in blocks.
+    pub fleet_lru_capacity_blocks: u64,
+    /// TTFT of each request alone on an idle engine with the infinite cache's hit, seconds.
+    pub ttft_floor_s: Dist,
+}

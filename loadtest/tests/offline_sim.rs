@@ -1,0 +1,147 @@
+//! The offline simulator end to end on a small slice of the Mooncake conversation trace:
+//! determinism, consistency of the figures with the references, and the CLI's JSON report.
+
+use std::path::PathBuf;
+
+use kvgate_loadtest::offline::cli::{gateway_router_settings, RatesMode};
+use kvgate_loadtest::offline::router::nominal_rates;
+use kvgate_loadtest::offline::{
+    references, run_cli, run_policies, FleetSpec, IndexMode, OfflineArgs, OfflineConfig,
+    OfflineReport, Workload,
+};
+use kvgate_loadtest::trace::Trace;
+use kvgate_sim::model::EngineParams;
+
+fn data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join("data")
+        .join(name)
+}
+
+/// 200 requests of the conversation trace, 4 engines with little cache, a fast speed-up.
+fn setup(seed: u64, index: IndexMode) -> (Workload, OfflineConfig) {
+    let trace = Trace::load(data("conversation_slice.jsonl")).expect("trace");
+    let mut params = EngineParams::default();
+    params.num_gpu_blocks = 8000;
+    let fleet = FleetSpec {
+        engines: 4,
+        params,
+    };
+    let w = Workload::from_trace(&trace, fleet.params.block_size, 2.0).expect("workload");
+    let mut router = gateway_router_settings(&fleet, index, None, 1000);
+    router.rates = nominal_rates(&fleet.params, 8192);
+    let cfg = OfflineConfig {
+        router,
+        fleet,
+        policy: Default::default(),
+        seed,
+        jobs: 2,
+    };
+    (w, cfg)
+}
+
+fn strip_wall(mut rs: Vec<kvgate_loadtest::offline::PolicyResult>) -> Vec<kvgate_loadtest::offline::PolicyResult> {
+    for r in &mut rs {
+        r.wall_ms = 0.0;
+    }
+    rs
+}
+
+#[test]
+fn same_seed_same_results() {
+    let names: Vec<String> = ["kvgate", "power_of_two", "sglang_cache_aware"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let (w, cfg) = setup(5, IndexMode::Both);
+    let a = strip_wall(run_policies(&w, &cfg, &names).expect("run a"));
+    let b = strip_wall(run_policies(&w, &cfg, &names).expect("run b"));
+    assert_eq!(a, b);
+    assert!(a.iter().all(|r| r.completed == r.requests), "{a:#?}");
+}
+
+#[test]
+fn figures_respect_the_references() {
+    let (w, cfg) = setup(1, IndexMode::Both);
+    let refs = references(&w, &cfg.fleet, true).expect("references");
+    let names: Vec<String> = ["kvgate", "round_robin", "dynamo_cost"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let rs = run_policies(&w, &cfg, &names).expect("run");
+    assert!(refs.infinite_hit_ratio > 0.0);
+    assert!(refs.fleet_lru_hit_ratio <= refs.infinite_hit_ratio + 1e-12);
+    for r in &rs {
+        // No placement hits more than one infinite cache; nobody beats the no-queue floor.
+        assert!(r.hit_ratio <= refs.infinite_hit_ratio + 1e-9, "{}: {}", r.policy, r.hit_ratio);
+        assert!(r.ttft_s.p50 >= refs.ttft_floor_s.p50 * 0.999, "{}", r.policy);
+        assert!(r.ttft_s.mean >= refs.ttft_floor_s.mean * 0.999, "{}", r.policy);
+        assert!(r.ttft_s.p99 >= refs.ttft_floor_s.p99 * 0.999, "{}", r.policy);
+        let share: f64 = r.instance_share.iter().sum();
+        assert!((share - 1.0).abs() < 1e-9);
+        assert!(r.utilisation > 0.0 && r.utilisation <= 1.05, "{}", r.utilisation);
+        assert!(r.busy > 0.0 && r.busy <= 1.0);
+        assert!(r.e2e_s.mean >= r.ttft_s.mean);
+    }
+}
+
+#[test]
+fn every_index_mode_runs() {
+    for mode in [IndexMode::Predicted, IndexMode::Events] {
+        let (w, cfg) = setup(3, mode);
+        let rs = run_policies(&w, &cfg, &["kvgate".to_string()]).expect("run");
+        assert_eq!(rs[0].completed, rs[0].requests, "{mode:?}");
+        assert!(rs[0].hit_ratio > 0.0, "{mode:?}");
+    }
+}
+
+#[test]
+fn cli_writes_a_json_report() {
+    let dir = std::env::temp_dir().join(format!("kvgate-offline-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let out = dir.join("report.json");
+    let args = OfflineArgs {
+        trace: data("conversation_slice.jsonl"),
+        trace_block_tokens: 512,
+        max_requests: Some(120),
+        engines: 3,
+        preset: "llama3-8b-h100".into(),
+        capacity_blocks: Some(6000),
+        cpu_blocks: Some(2000),
+        speed_up: Some(2.0),
+        target_utilisation: None,
+        policies: "kvgate,round_robin".into(),
+        seed: 9,
+        index: IndexMode::Both,
+        overrides: vec![],
+        predicted_ttl_ms: None,
+        scrape_interval_ms: 1000,
+        rates: RatesMode::Nominal,
+        index_capacity_factor: 2.0,
+        expire_interval_ms: 60_000,
+        no_floor: false,
+        jobs: Some(2),
+        json: Some(out.clone()),
+    };
+    let report = run_cli(args).expect("cli run");
+    let parsed: OfflineReport =
+        serde_json::from_slice(&std::fs::read(&out).expect("read report")).expect("parse report");
+    assert_eq!(parsed.results.len(), 2);
+    assert_eq!(parsed.params.requests, 120);
+    assert_eq!(parsed.params.engine.num_cpu_blocks, 2000);
+    assert_eq!(parsed.results[0].policy, "kvgate");
+    assert_eq!(parsed.results[1].hit_ratio, report.results[1].hit_ratio);
+    assert!(parsed.references.ttft_floor_s.count > 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_overrides_and_policies_are_errors() {
+    use kvgate_loadtest::offline::policies::{apply_overrides, resolve_policies};
+    assert!(resolve_policies("kvgate,nope").is_err());
+    assert!(resolve_policies("").is_err());
+    assert!(resolve_policies("all").expect("all").len() >= 8);
+    assert!(apply_overrides(&["nosuchsection.x=1".into()]).is_err());
+    assert!(apply_overrides(&["novalue".into()]).is_err());
+}
