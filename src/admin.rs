@@ -24,6 +24,14 @@ pub async fn ready(State(s): State<AppState>) -> Response {
     }
 }
 
+/// `GET /admin/cluster`: gossip members, their state, last heard, lag and bytes exchanged.
+pub async fn cluster(State(s): State<AppState>) -> Response {
+    match s.routing.gossip() {
+        Some(g) => Json(g.cluster_status()).into_response(),
+        None => Json(serde_json::json!({ "enabled": false })).into_response(),
+    }
+}
+
 /// `GET /metrics`: Prometheus text exposition.
 pub async fn metrics(State(s): State<AppState>) -> Response {
     let mut r = s.metrics.render().into_response();

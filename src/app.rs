@@ -104,6 +104,7 @@ pub fn router(state: AppState) -> axum::Router {
         .route("/admin/instances", get(admin::instances))
         .route("/admin/decisions", get(admin::decisions))
         .route("/admin/index", get(admin::index))
+        .route("/admin/cluster", get(admin::cluster))
         .fallback(admin::not_found)
         .with_state(state)
 }
@@ -124,6 +125,13 @@ pub fn spawn_background(
         token.clone(),
     );
     handles.extend(crate::events::spawn(state, token.clone()));
+    if let Some(g) = state.routing.gossip().cloned() {
+        handles.push(tokio::spawn(publish_to_gossip(
+            state.clone(),
+            g,
+            token.clone(),
+        )));
+    }
     handles.push(tokio::spawn(state.routing.clone().expire_loop(
         state.config.routing.index.expire_interval_ms,
         token.clone(),
@@ -143,6 +151,63 @@ pub fn spawn_background(
     handles
 }
 
+/// Starts replica gossip when `gossip.enabled` and attaches it to routing (decisions shared,
+/// peers' load scored). A configured but failing gossip is a start-up error, not a silent
+/// single-replica mode.
+pub async fn start_gossip(state: &AppState) -> std::io::Result<Option<kvgate_gossip::Gossip>> {
+    let cfg = &state.config.gossip;
+    if !cfg.enabled {
+        return Ok(None);
+    }
+    let directory = kvgate_gossip::InstanceDirectory::from_pairs(
+        state
+            .fleet
+            .instances()
+            .iter()
+            .map(|i| (i.id, i.name.as_str())),
+    );
+    let clock = state.clock;
+    let gossip = kvgate_gossip::Gossip::start(
+        cfg.clone(),
+        state.routing.index().clone(),
+        directory,
+        Arc::new(move || clock.now_ms()),
+    )
+    .await
+    .map_err(|e| std::io::Error::other(e.to_string()))?;
+    state.routing.set_gossip(gossip.clone());
+    Ok(Some(gossip))
+}
+
+/// Publishes this replica's router-tracked load and health verdicts to its gossip peers every
+/// `gossip.load_interval_ms` (gossip sends only what changed, plus a heartbeat).
+async fn publish_to_gossip(
+    state: AppState,
+    gossip: kvgate_gossip::Gossip,
+    token: CancellationToken,
+) {
+    let mut tick =
+        tokio::time::interval(Duration::from_millis(state.config.gossip.load_interval_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut loads = Vec::new();
+    let mut health = Vec::new();
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now = state.clock.now_ms();
+        loads.clear();
+        health.clear();
+        for i in state.fleet.instances() {
+            loads.push((i.id, state.routing.load().snapshot(i.id)));
+            health.push((i.id, i.health.usable(now)));
+        }
+        gossip.publish_load(&loads);
+        gossip.publish_health(&health);
+    }
+}
+
 /// Serves `state` on `listener` until `shutdown` resolves, then drains for the grace period.
 pub async fn run(
     listener: TcpListener,
@@ -150,6 +215,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let token = CancellationToken::new();
+    let gossip = start_gossip(&state).await?;
     let background = spawn_background(&state, token.clone());
     let grace = Duration::from_millis(state.config.server.shutdown_grace_ms);
     let app = router(state);
@@ -172,6 +238,9 @@ pub async fn run(
     token.cancel();
     for h in background {
         h.abort();
+    }
+    if let Some(g) = gossip {
+        g.shutdown().await;
     }
     result
 }

@@ -64,6 +64,10 @@ fn build() -> Result<PrometheusHandle, String> {
         (TTFT, TTFT_BUCKETS),
         (MATCHED_PREFIX_RATIO, RATIO_BUCKETS),
         (DECISION_DURATION, DECISION_BUCKETS),
+        (
+            kvgate_gossip::metrics::CONVERGENCE_LAG_SECONDS,
+            kvgate_gossip::metrics::LAG_BUCKETS,
+        ),
     ] {
         b = b
             .set_buckets_for_metric(Matcher::Full(name.to_string()), buckets)

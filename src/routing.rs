@@ -140,6 +140,8 @@ pub struct Routing {
     log_cap: usize,
     seq: AtomicU64,
     clock: Clock,
+    /// Replica gossip, once started: peers' placements and load.
+    gossip: std::sync::OnceLock<kvgate_gossip::Gossip>,
 }
 
 impl Routing {
@@ -189,7 +191,18 @@ impl Routing {
             log_cap: cfg.routing.decision_log_size,
             seq: AtomicU64::new(0),
             clock,
+            gossip: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Attaches running gossip (once): decisions are shared and peers' load is scored.
+    pub fn set_gossip(&self, gossip: kvgate_gossip::Gossip) {
+        let _ = self.gossip.set(gossip);
+    }
+
+    /// Running gossip, if any.
+    pub fn gossip(&self) -> Option<&kvgate_gossip::Gossip> {
+        self.gossip.get()
     }
 
     /// The placement index (shared with event ingestion and gossip).
@@ -302,7 +315,11 @@ impl Routing {
         let started = Instant::now();
         let now = self.clock.now_ms();
         let mut matches = PrefixMatches::default();
+        let gossip = self.gossip.get();
         if !prep.hashes.is_empty() {
+            if let Some(g) = gossip {
+                g.materialize(&prep.hashes, now);
+            }
             self.index.match_prefix(&prep.hashes, now, &mut matches);
         }
         let mut candidates = Vec::with_capacity(pool.instances.len());
@@ -318,7 +335,7 @@ impl Routing {
             candidates.push(Candidate {
                 id,
                 matched: matches.get(id),
-                load: self.load.snapshot(id),
+                load: fleet_load(self.load.snapshot(id), gossip, id),
                 engine,
                 rates: self.rates(id),
                 cache_capacity_blocks: inst.capacity(),
@@ -353,6 +370,10 @@ impl Routing {
                 self.ttl_ms,
                 now,
             );
+            if let Some(g) = gossip {
+                let known = matches.get(decision.chosen).total() as usize;
+                g.record_decision(decision.chosen, &prep.hashes, known, now);
+            }
         }
         let at_dispatch = candidates
             .iter()
@@ -480,6 +501,23 @@ fn tokenize(tm: &TokenMode, prompt: &Prompt<'_>) -> Result<Vec<u32>, String> {
         }
         Prompt::Text(t) => tm.completion_tokens(t).map_err(|e| e.to_string()),
         Prompt::Tokens(ids) => Ok(ids.clone()),
+    }
+}
+
+/// This replica's router-tracked load plus its gossip peers' shares: the fleet-wide queue.
+fn fleet_load(
+    own: kvgate_core::load::RouterLoad,
+    gossip: Option<&kvgate_gossip::Gossip>,
+    id: InstanceId,
+) -> kvgate_core::load::RouterLoad {
+    let Some(g) = gossip else { return own };
+    let p = g.peer_load(id);
+    kvgate_core::load::RouterLoad {
+        in_flight: own.in_flight.saturating_add(p.in_flight),
+        pending_prefill_tokens: own
+            .pending_prefill_tokens
+            .saturating_add(p.pending_prefill_tokens),
+        decoding: own.decoding.saturating_add(p.decoding),
     }
 }
 

@@ -41,6 +41,8 @@ pub struct Config {
     pub sim: SimConfig,
     /// Engine KV event ingestion (instances with `kv_events`).
     pub events: kvgate_events::EventsConfig,
+    /// Replica gossip: shared placements, load and health between gateway replicas.
+    pub gossip: kvgate_gossip::GossipConfig,
 }
 
 /// A configuration problem, naming the offending key (or environment variable).
@@ -155,6 +157,9 @@ impl Config {
         }
         if let Some(v) = lookup(env::SIM_ENGINES) {
             self.sim.engines = parse(env::SIM_ENGINES, "sim.engines", &v)?;
+        }
+        if let Some(v) = lookup(kvgate_gossip::ENV_SECRET).filter(|v| !v.is_empty()) {
+            self.gossip.secret = v;
         }
         Ok(())
     }
@@ -276,6 +281,9 @@ impl Config {
         self.events
             .validate()
             .map_err(|e| invalid(e.key, e.message))?;
+        self.gossip
+            .validate()
+            .map_err(|e| invalid(format!("gossip.{}", e.key), e.message))?;
         self.validate_pools()
     }
 

@@ -1,0 +1,140 @@
+//! Two gateway replicas with gossip enabled in front of the same mock engines: a prefix routed
+//! through one is routed to the same instance by the other, and each scores the other's in-flight
+//! load. Every wait is bounded; nothing asserts on speed.
+
+mod common;
+
+use common::*;
+use kvgate_core::InstanceId;
+use std::time::Duration;
+
+fn with_gossip(urls: &[String], seeds: Vec<String>) -> kvgate::config::Config {
+    let mut c = config_for(urls);
+    c.gossip = kvgate_gossip::GossipConfig {
+        enabled: true,
+        bind: "127.0.0.1:0".into(),
+        seeds,
+        secret: "gateway-test-secret-0123".into(),
+        probe_period_ms: 200,
+        probe_rtt_ms: 80,
+        suspect_to_down_ms: 600,
+        seed_interval_ms: 200,
+        ..Default::default()
+    };
+    c
+}
+
+async fn gossip_of(g: &Gateway) -> kvgate_gossip::Gossip {
+    let ok = eventually(10, || g.state.routing.gossip().is_some()).await;
+    assert!(ok, "gossip did not start");
+    g.state.routing.gossip().cloned().expect("started")
+}
+
+async fn complete(g: &Gateway, prompt: &str) -> (String, u32) {
+    let r = client()
+        .post(g.url("/v1/completions"))
+        .json(&serde_json::json!({ "model": "m", "prompt": prompt, "max_tokens": 4 }))
+        .send()
+        .await
+        .expect("request");
+    assert!(r.status().is_success(), "status {}", r.status());
+    let h = |n: &str| {
+        r.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let inst = h("x-kvgate-instance");
+    let matched = h("x-kvgate-matched-blocks").parse().unwrap_or(0);
+    (inst, matched)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_placements_and_load() {
+    let engines = [
+        Mock::start("e0").await,
+        Mock::start("e1").await,
+        Mock::start("e2").await,
+    ];
+    let urls: Vec<String> = engines.iter().map(|m| m.url()).collect();
+    let a = Gateway::start(with_gossip(&urls, vec![])).await;
+    let ga = gossip_of(&a).await;
+    let b = Gateway::start(with_gossip(&urls, vec![ga.local_addr().to_string()])).await;
+    let gb = gossip_of(&b).await;
+    assert!(eventually(10, || ga.live_peers() == 1 && gb.live_peers() == 1).await);
+    let all_usable = |g: &Gateway| {
+        let now = g.state.clock.now_ms();
+        g.state
+            .fleet
+            .instances()
+            .iter()
+            .all(|i| i.health.usable(now))
+    };
+    assert!(
+        eventually(10, || all_usable(&a) && all_usable(&b)).await,
+        "instances not healthy"
+    );
+
+    for i in 0..6 {
+        let prompt = format!(
+            "conversation {i}: {}",
+            "a long shared prefix of words. ".repeat(60)
+        );
+        let before = ga.cluster_status().batches_sent;
+        let (chosen, _) = complete(&a, &prompt).await;
+        assert!(!chosen.is_empty());
+        // Wait until A has flushed this decision and B has every batch A produced, then route
+        // the same prompt through B.
+        assert!(eventually(10, || ga.cluster_status().batches_sent > before).await);
+        let sent = ga.cluster_status().batches_sent;
+        let ok = eventually(10, || {
+            gb.cluster_status()
+                .members
+                .first()
+                .and_then(|m| m.next_seq)
+                .is_some_and(|n| n >= sent)
+        })
+        .await;
+        assert!(ok, "B did not receive A's decisions");
+        let (via_b, matched) = complete(&b, &prompt).await;
+        assert_eq!(via_b, chosen, "B routed prompt {i} elsewhere");
+        assert!(matched > 0, "B saw no cached blocks for prompt {i}");
+    }
+
+    // A request held in flight through A counts in B's view of that instance.
+    engines[1].set_mode(Mode::Slow(Duration::from_secs(3)));
+    engines[0].set_mode(Mode::Slow(Duration::from_secs(3)));
+    engines[2].set_mode(Mode::Slow(Duration::from_secs(3)));
+    let a_url = a.url("/v1/completions");
+    let slow = tokio::spawn(async move {
+        client()
+            .post(a_url)
+            .json(&serde_json::json!({ "model": "m", "prompt": "hold me", "max_tokens": 1 }))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    let ok = eventually(10, || {
+        (0..3).any(|i| gb.peer_load(InstanceId(i)).in_flight == 1)
+    })
+    .await;
+    assert!(ok, "A's in-flight request not visible to B");
+    let _ = slow.await;
+    let ok = eventually(10, || {
+        (0..3).all(|i| gb.peer_load(InstanceId(i)).in_flight == 0)
+    })
+    .await;
+    assert!(ok, "finished request still counted");
+
+    let status = client()
+        .get(b.url("/admin/cluster"))
+        .send()
+        .await
+        .expect("admin")
+        .json::<serde_json::Value>()
+        .await
+        .expect("json");
+    assert_eq!(status["members"][0]["state"], "alive");
+    assert!(status["bytes_in"].as_u64().unwrap_or(0) > 0);
+}
