@@ -227,3 +227,73 @@ mod erased {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::ContenderSpec;
+    use crate::prompt::{ApiKind, TokenCountError};
+    use crate::replay::ReplayOutput;
+    use crate::report::summary::summarise;
+    use crate::trace::{Trace, TraceRequest};
+    use kvgate_core::policy::PolicyName;
+
+    #[test]
+    fn report_has_every_section() {
+        let trace = Trace::from_requests(
+            vec![TraceRequest {
+                timestamp_ms: 0,
+                input_length: 4,
+                output_length: 1,
+                hash_ids: vec![1],
+            }],
+            4,
+        )
+        .unwrap();
+        let out = ReplayOutput {
+            records: Vec::new(),
+            unfinished: 0,
+            wall_s: 1.0,
+            mean_send_lag_s: 0.0,
+            api: ApiKind::Chat,
+        };
+        let mut ok =
+            ContenderResult::failed(&ContenderSpec::kvgate(PolicyName::Kvgate), String::new());
+        ok.error = None;
+        let mut summary = summarise(&out, None, &[]);
+        summary.instance_share.insert("e<0>".into(), 1.0);
+        ok.summary = Some(summary);
+        ok.ttft_sorted = vec![0.1, 0.2, 0.4];
+        let bad = ContenderResult::failed(
+            &ContenderSpec::kvgate(PolicyName::RoundRobin),
+            "no <luck>".into(),
+        );
+        let r = Report {
+            tool: "t".into(),
+            command_line: vec!["kvgate-loadtest".into(), "compare".into()],
+            started_unix_s: 0,
+            kind: "compare".into(),
+            parameters: serde_json::json!({"x": 1}),
+            trace: trace.stats(),
+            prompt_tokens: TokenCountError::default(),
+            references: Some(serde_json::json!({"fleet_lru_hit_ratio": 0.3})),
+            contenders: vec![ok, bad],
+        };
+        let html = render(&r);
+        for needle in [
+            "<table>",
+            "TTFT distribution (CDF)",
+            "hit ratio per interval",
+            "Load spread",
+            "Per-instance request share",
+            "failed: no &lt;luck&gt;",
+            "kvgate-loadtest compare",
+            "fleet_lru_hit_ratio",
+            "e&lt;0&gt;",
+        ] {
+            assert!(html.contains(needle), "missing {needle}");
+        }
+        assert!(!html.contains("<script"), "no scripts");
+        assert!(!html.contains("http://") || html.contains("xmlns=\"http://www.w3.org/2000/svg\""));
+    }
+}
