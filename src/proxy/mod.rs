@@ -118,9 +118,13 @@ async fn forward(
     headers::strip_hop_by_hop(&mut up_headers);
     up_headers.remove(header::HOST);
     up_headers.insert(state.request_id_header.clone(), rid.clone());
-    let path_and_query: std::borrow::Cow<'static, str> = match parts.uri.query() {
-        Some(q) => format!("{}?{}", endpoint.path(), q).into(),
-        None => endpoint.path().into(),
+    let path_and_query = match parts.uri.query() {
+        Some(q) => http::uri::PathAndQuery::try_from(format!("{}?{}", endpoint.path(), q))
+            .map_err(|e| GatewayError::InvalidField {
+                field: "query",
+                message: e.to_string(),
+            })?,
+        None => http::uri::PathAndQuery::from_static(endpoint.path()),
     };
     let cfg = &state.config;
     let first_byte = Duration::from_millis(cfg.upstream.first_byte_timeout_ms);
@@ -145,7 +149,7 @@ async fn forward(
         let inst = state.fleet.instance(id);
         let mut up = http::Request::new(Full::new(bytes.clone()));
         *up.method_mut() = Method::POST;
-        *up.uri_mut() = inst.uri(&path_and_query)?;
+        *up.uri_mut() = inst.uri_with(path_and_query.clone())?;
         *up.headers_mut() = up_headers.clone();
         let sent = Instant::now();
         match state.client.send(up, first_byte).await {
