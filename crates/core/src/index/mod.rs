@@ -31,6 +31,7 @@
 
 mod evict;
 mod holders;
+mod matching;
 mod slots;
 #[cfg(test)]
 mod tests;
@@ -146,13 +147,16 @@ struct Shard {
     spill_bytes: usize,
 }
 
+/// Upper bound on lock shards.
+const MAX_SHARDS: usize = 1 << 16;
+
 /// Stale ring slots tolerated beyond 1.5 × the live count before compaction.
 const RING_SLACK: usize = 1024;
 
 impl PlacementIndex {
     /// An empty index.
     pub fn new(cfg: IndexConfig) -> Self {
-        let n = cfg.shards.max(1).next_power_of_two();
+        let n = cfg.shards.clamp(1, MAX_SHARDS).next_power_of_two();
         Self {
             shards: (0..n).map(|_| RwLock::new(Shard::default())).collect(),
             shard_mask: (n - 1) as u64,
@@ -167,9 +171,13 @@ impl PlacementIndex {
     }
 
     fn shard(&self, h: BlockHash) -> &RwLock<Shard> {
+        &self.shards[self.shard_index(h)]
+    }
+
+    fn shard_index(&self, h: BlockHash) -> usize {
         // Block hashes are uniformly distributed; the top bits pick the shard, independent of the
         // map's own hashing.
-        &self.shards[((h >> 40) & self.shard_mask) as usize]
+        ((h >> 40) & self.shard_mask) as usize
     }
 
     fn clock_hint(&self) -> Millis {
@@ -433,57 +441,6 @@ impl PlacementIndex {
         );
     }
 
-    /// For `hashes` (a prompt's chain), the leading run each instance holds, by tier.
-    /// Expired predictions do not count. Clears and fills `out`.
-    ///
-    /// Walks blocks from 0 with the set of instances still matching (sorted by instance id, merged
-    /// with each block's sorted holders) and stops as soon as that set is empty.
-    pub fn match_prefix(&self, hashes: &[BlockHash], now: Millis, out: &mut PrefixMatches) {
-        out.rows.clear();
-        let Some((&first, rest)) = hashes.split_first() else {
-            return;
-        };
-        {
-            let shard = self.shard(first).read();
-            let Some(holders) = shard.map.get(&first) else {
-                return;
-            };
-            for e in holders.as_slice().iter().filter(|e| e.live(now)) {
-                let mut row = InstanceMatch {
-                    instance: InstanceId(e.instance),
-                    ..Default::default()
-                };
-                count_tier(&mut row, e);
-                out.rows.push(row);
-            }
-        }
-        let rows = &mut out.rows;
-        let mut active = rows.len();
-        for &h in rest {
-            if active == 0 {
-                break;
-            }
-            let shard = self.shard(h).read();
-            let Some(holders) = shard.map.get(&h) else {
-                break;
-            };
-            let holders = holders.as_slice();
-            let (mut w, mut j) = (0, 0);
-            for r in 0..active {
-                let inst = rows[r].instance.0;
-                while j < holders.len() && holders[j].instance < inst {
-                    j += 1;
-                }
-                if j < holders.len() && holders[j].instance == inst && holders[j].live(now) {
-                    count_tier(&mut rows[r], &holders[j]);
-                    rows.swap(w, r);
-                    w += 1;
-                }
-            }
-            active = w;
-        }
-    }
-
     /// Removes expired predictions; returns how many. Call periodically, off the request path.
     pub fn expire(&self, now: Millis) -> usize {
         self.now_hint.fetch_max(now, Ordering::Relaxed);
@@ -569,14 +526,6 @@ impl PlacementIndex {
 }
 
 const SOURCES: [Source; 3] = [Source::Event, Source::Local, Source::Peer];
-
-fn count_tier(row: &mut InstanceMatch, e: &Entry) {
-    match e.best_tier() {
-        Tier::Gpu => row.gpu += 1,
-        Tier::Cpu => row.cpu += 1,
-        Tier::Disk => row.disk += 1,
-    }
-}
 
 /// Bytes of a hashbrown table with `capacity` usable slots of (BlockHash, Holders).
 fn map_bytes(capacity: usize) -> usize {

@@ -168,3 +168,30 @@ fn out_of_range_instance_is_ignored() {
     ix.store(InstanceId(MAX_INSTANCES as u32), &[1], Tier::Gpu, 0);
     assert!(ix.is_empty());
 }
+
+#[test]
+fn long_chains_batched_and_linear_paths_agree() {
+    // 5 instances exercise the batched path, 70 the path for more than 64 rows.
+    for n in [5u32, 70] {
+        let ix = idx(1 << 20, 1 << 22);
+        let chain: Vec<u64> = (0..1000u64)
+            .map(|k| crate::policy::util::mix(k ^ 0xabc))
+            .collect();
+        let mut expected = Vec::new();
+        for i in 0..n {
+            let len = (i as usize * 137) % 900 + 50;
+            let tier = Tier::ALL[i as usize % 3];
+            ix.store(InstanceId(i), &chain[..len], tier, 0);
+            // Blocks after a gap never extend the run.
+            let after = (len + 1).min(1000);
+            ix.store(InstanceId(i), &chain[after..(len + 20).min(1000)], tier, 0);
+            let l = len as u32;
+            expected.push(match tier {
+                Tier::Gpu => (i, l, 0, 0),
+                Tier::Cpu => (i, 0, l, 0),
+                Tier::Disk => (i, 0, 0, l),
+            });
+        }
+        assert_eq!(m(&ix, &chain, 0), expected, "n = {n}");
+    }
+}

@@ -283,4 +283,19 @@ mod tests {
         }
         assert!("nope".parse::<PolicyName>().is_err());
     }
+
+    #[test]
+    fn partial_config_keeps_defaults_and_rejects_unknown_keys() {
+        let cfg: PolicyConfig =
+            toml::from_str("name = \"dynamo_cost\"\n[dynamo]\ntemperature = 0.5\n").unwrap();
+        assert_eq!(cfg.name, PolicyName::DynamoCost);
+        assert_eq!(cfg.dynamo.temperature, 0.5);
+        assert_eq!(cfg.dynamo.cpu_credit, 0.75);
+        assert_eq!(cfg.kvgate, KvgateParams::default());
+        assert!(toml::from_str::<PolicyConfig>("[kvgate]\nfleet_wieght = 1.0\n").is_err());
+        assert!(toml::from_str::<PolicyConfig>("name = \"fastest\"\n").is_err());
+        let round: PolicyConfig =
+            toml::from_str(&toml::to_string(&PolicyConfig::default()).unwrap()).unwrap();
+        assert_eq!(round, PolicyConfig::default());
+    }
 }
