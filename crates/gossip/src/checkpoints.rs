@@ -7,7 +7,8 @@
 //! instead of every block hash: `stride`× fewer bytes. The receiver keeps checkpoints here and
 //! **materializes** them when a prompt that contains one arrives ([`Checkpoints::materialize`],
 //! called by the gateway before matching): the prompt's prefix up to the deepest checkpoint each
-//! instance holds becomes ordinary `Source::Peer` predictions in the index. The price is
+//! instance holds becomes ordinary `Source::Peer` predictions in the index (from the stride segment
+//! of the shallowest checkpoint found: what lies before it is already indexed). The price is
 //! granularity: a prompt that shares only part of a gossiped decision matches up to the last
 //! checkpoint inside the shared part (less than `stride` blocks short).
 //!
@@ -117,8 +118,8 @@ impl Checkpoints {
         if prompt.is_empty() {
             return 0;
         }
-        // (instance, deepest position, expiry)
-        let mut found: Vec<(InstanceId, usize, Millis)> = Vec::new();
+        // (instance, shallowest position, deepest position, expiry of the deepest)
+        let mut found: Vec<(InstanceId, usize, usize, Millis)> = Vec::new();
         for j in checkpoint_positions(0, prompt.len(), self.stride) {
             let h = prompt[j];
             let mut s = self.shard(h).lock();
@@ -128,19 +129,23 @@ impl Checkpoints {
                 if exp <= now {
                     continue;
                 }
-                match found.iter_mut().find(|(i, _, _)| *i == inst) {
+                match found.iter_mut().find(|f| f.0 == inst) {
+                    // Positions are visited in increasing order: this one is the deepest so far.
                     Some(f) => {
-                        if j > f.1 {
-                            f.1 = j;
-                            f.2 = exp;
-                        }
+                        f.2 = j;
+                        f.3 = exp;
                     }
-                    None => found.push((inst, j, exp)),
+                    None => found.push((inst, j, j, exp)),
                 }
             }
         }
-        for &(inst, depth, exp) in &found {
-            store.predict_peer(inst, &prompt[..=depth], exp - now, now);
+        for &(inst, first, depth, exp) in &found {
+            // Everything before the stride segment of the shallowest unconsumed checkpoint is
+            // already in the index: materialized from an earlier checkpoint, this replica's own,
+            // or event-sourced (a decision shares only the blocks its origin did not know). So
+            // only that segment onwards is inserted, not the whole prefix again.
+            let start = first / self.stride * self.stride;
+            store.predict_peer(inst, &prompt[start..=depth], exp - now, now);
         }
         found.len()
     }
@@ -210,6 +215,27 @@ mod tests {
             vec![(InstanceId(1), 32, 900), (InstanceId(2), 16, 900)]
         );
         assert_eq!(c.materialize(&q, 100, &r), 0, "consumed");
+    }
+
+    #[test]
+    fn materializes_only_from_the_first_unconsumed_segment() {
+        let prompt: Vec<u64> = (100..180).collect(); // 80 blocks
+        let c = Checkpoints::new(16, 1000);
+        let r = Rec::default();
+        c.insert(InstanceId(1), &[prompt[15], prompt[31]], 1_000, 0);
+        assert_eq!(c.materialize(&prompt, 1, &r), 1);
+        // A later continuation shared from block 32 on: only its checkpoints arrive.
+        c.insert(
+            InstanceId(1),
+            &[prompt[47], prompt[63], prompt[79]],
+            1_000,
+            0,
+        );
+        assert_eq!(c.materialize(&prompt, 2, &r), 1);
+        let got = r.0.lock().unwrap().clone();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].1, 32, "first: the whole prefix to block 31");
+        assert_eq!(got[1].1, 80 - 32, "then: blocks 32..=79 only");
     }
 
     #[test]
