@@ -33,6 +33,7 @@ mod evict;
 mod holders;
 mod matching;
 mod slots;
+mod sweep;
 #[cfg(test)]
 mod tests;
 
@@ -274,50 +275,6 @@ impl PlacementIndex {
         }
     }
 
-    /// Drops every entry of `instance` that came from one of `sources`
-    /// (engine cleared its cache, restarted, or an event stream broke).
-    pub fn clear_instance(&self, instance: InstanceId, sources: &[Source]) {
-        let slot = self.slots.get(instance.0);
-        if slot.is_none() {
-            return;
-        }
-        for shard in self.shards.iter() {
-            let mut removed = [0usize; 3];
-            {
-                let mut shard = shard.write();
-                let shard = &mut *shard;
-                let mut spill_delta: isize = 0;
-                shard.map.retain(|_, holders| {
-                    let before = holders.heap_bytes() as isize;
-                    let keep = holders.retain(
-                        |e| e.instance == instance.0 && sources.contains(&e.source),
-                        &mut |e| removed[e.source as usize] += 1,
-                    );
-                    let after = if keep {
-                        holders.heap_bytes() as isize
-                    } else {
-                        0
-                    };
-                    spill_delta += after - before;
-                    keep
-                });
-                shard.spill_bytes = (shard.spill_bytes as isize + spill_delta).max(0) as usize;
-            }
-            for (src, n) in removed.iter().enumerate() {
-                for _ in 0..*n {
-                    self.on_removed(slot, SOURCES[src]);
-                }
-            }
-        }
-        if let Some(slot) = slot {
-            if slot.count.load(Ordering::Relaxed) == 0 {
-                let mut ring = slot.ring.lock();
-                ring.clear();
-                ring.shrink_to_fit();
-            }
-        }
-    }
-
     /// A routing decision (own or a peer's): `instance` will hold `hashes` soon.
     /// Expires at `now + ttl_ms` unless confirmed by an event or predicted again.
     ///
@@ -395,6 +352,10 @@ impl PlacementIndex {
                             let e = fresh(instance.0);
                             self.by_source[e.source as usize].fetch_add(1, Ordering::Relaxed);
                             holders.insert(e);
+                            // Counted under the shard lock, so a racing removal never
+                            // decrements before this increment.
+                            slot.count.fetch_add(1, Ordering::Relaxed);
+                            self.total.fetch_add(1, Ordering::Relaxed);
                             gained.push(h);
                         }
                     }
@@ -404,6 +365,8 @@ impl PlacementIndex {
                     let e = fresh(instance.0);
                     self.by_source[e.source as usize].fetch_add(1, Ordering::Relaxed);
                     shard.map.insert(h, Holders::One(e));
+                    slot.count.fetch_add(1, Ordering::Relaxed);
+                    self.total.fetch_add(1, Ordering::Relaxed);
                     gained.push(h);
                 }
             }
@@ -411,8 +374,6 @@ impl PlacementIndex {
         if gained.is_empty() {
             return;
         }
-        slot.count.fetch_add(gained.len(), Ordering::Relaxed);
-        self.total.fetch_add(gained.len(), Ordering::Relaxed);
         {
             let mut ring = slot.ring.lock();
             ring.extend(gained.iter().copied());
@@ -439,89 +400,6 @@ impl PlacementIndex {
             Ordering::Relaxed,
             |c| Some(c.saturating_sub(1)),
         );
-    }
-
-    /// Removes expired predictions; returns how many. Call periodically, off the request path.
-    pub fn expire(&self, now: Millis) -> usize {
-        self.now_hint.fetch_max(now, Ordering::Relaxed);
-        let mut total = 0;
-        for shard in self.shards.iter() {
-            let mut removed: Vec<(u32, Source)> = Vec::new();
-            {
-                let mut shard = shard.write();
-                let shard = &mut *shard;
-                let mut spill_delta: isize = 0;
-                shard.map.retain(|_, holders| {
-                    let before = holders.heap_bytes() as isize;
-                    let keep = holders.retain(|e| !e.live(now), &mut |e| {
-                        removed.push((e.instance, e.source))
-                    });
-                    let after = if keep {
-                        holders.heap_bytes() as isize
-                    } else {
-                        0
-                    };
-                    spill_delta += after - before;
-                    keep
-                });
-                shard.spill_bytes = (shard.spill_bytes as isize + spill_delta).max(0) as usize;
-            }
-            total += removed.len();
-            for (inst, src) in removed {
-                self.on_removed(self.slots.get(inst), src);
-            }
-        }
-        self.expired.fetch_add(total as u64, Ordering::Relaxed);
-        total
-    }
-
-    /// Visits every live prediction from `source` as (instance, hash, expires_at).
-    /// Used to hand a joining gossip peer a snapshot of this replica's placements.
-    ///
-    /// Visits one shard at a time under its read lock: `visit` must not call back into the index.
-    pub fn for_each_prediction(
-        &self,
-        source: Source,
-        now: Millis,
-        visit: &mut dyn FnMut(InstanceId, BlockHash, Millis),
-    ) {
-        for shard in self.shards.iter() {
-            let shard = shard.read();
-            for (&h, holders) in shard.map.iter() {
-                for e in holders.as_slice() {
-                    if e.source == source && source != Source::Event && e.live(now) {
-                        visit(InstanceId(e.instance), h, e.expires);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Current counters and memory estimate.
-    ///
-    /// `memory_bytes` counts map buckets (hashbrown: key, value and one control byte per bucket),
-    /// spilled holder vectors, per-instance slots and CLOCK rings.
-    pub fn stats(&self) -> IndexStats {
-        let mut blocks = 0;
-        let mut memory =
-            std::mem::size_of::<Self>() + self.shards.len() * std::mem::size_of::<RwLock<Shard>>();
-        for shard in self.shards.iter() {
-            let shard = shard.read();
-            blocks += shard.map.len();
-            memory += map_bytes(shard.map.capacity()) + shard.spill_bytes;
-        }
-        memory += self.slots.heap_bytes();
-        let high = self.slots.high();
-        IndexStats {
-            blocks,
-            entries_by_source: [0, 1, 2].map(|i| self.by_source[i].load(Ordering::Relaxed)),
-            entries_by_instance: (0..high as u32)
-                .map(|i| self.instance_entries(InstanceId(i)))
-                .collect(),
-            memory_bytes: memory,
-            evicted: self.evicted.load(Ordering::Relaxed),
-            expired: self.expired.load(Ordering::Relaxed),
-        }
     }
 }
 

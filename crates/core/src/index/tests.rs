@@ -195,3 +195,38 @@ fn long_chains_batched_and_linear_paths_agree() {
         assert_eq!(m(&ix, &chain, 0), expected, "n = {n}");
     }
 }
+
+#[test]
+fn concurrent_readers_and_writers_keep_counts_consistent() {
+    let ix = std::sync::Arc::new(idx(500, 3000));
+    let handles: Vec<_> = (0..4u32)
+        .map(|t| {
+            let ix = std::sync::Arc::clone(&ix);
+            std::thread::spawn(move || {
+                let mut out = PrefixMatches::default();
+                for k in 0..300u64 {
+                    let chain: Vec<u64> = (0..40)
+                        .map(|b| crate::policy::util::mix(k % 50 * 1000 + b))
+                        .collect();
+                    match (k + u64::from(t)) % 4 {
+                        0 => ix.predict(InstanceId(t), &chain, Source::Local, 50, k),
+                        1 => ix.store(InstanceId((t + 1) % 4), &chain[..20], Tier::Gpu, k),
+                        2 => ix.remove(InstanceId((t + 1) % 4), &chain[..10], Tier::Gpu),
+                        _ => {
+                            ix.expire(k);
+                        }
+                    }
+                    ix.match_prefix(&chain, k, &mut out);
+                    assert!(out.rows.iter().all(|r| r.total() <= 40));
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        assert!(h.join().is_ok());
+    }
+    let st = ix.stats();
+    assert!(ix.len() <= 3000);
+    assert_eq!(st.entries_by_instance.iter().sum::<usize>(), ix.len());
+    assert_eq!(st.entries_by_source.iter().sum::<usize>(), ix.len());
+}
