@@ -514,3 +514,34 @@ async fn next_turn_hits_the_previous_answer() {
     assert!(cached > p1 / 16 * 16, "cached {cached}, first prompt {p1}");
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connects_to_a_bound_subscriber_by_vllms_rule() {
+    // A plain tcp://host:port endpoint means "connect" for vLLM: the subscriber binds.
+    let mut sub = zeromq::SubSocket::new();
+    let ep = zeromq::Socket::bind(&mut sub, "tcp://127.0.0.1:0")
+        .await
+        .unwrap()
+        .to_string();
+    sub.subscribe("").await.unwrap();
+    let mut conf = cfg(64);
+    conf.kv_events_endpoint = Some(ep.clone());
+    conf.replay = false;
+    let fleet = start(conf).await;
+    let inst = fleet.instances()[0].clone();
+    assert_eq!(inst.kv_events_endpoint.as_deref(), Some(ep.as_str()));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let c = reqwest::Client::new();
+    let (s, _) = post(
+        &c,
+        &format!("{}/v1/completions", inst.url),
+        json!({"prompt": prompt("z", 20), "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let frames = collect(&mut sub, Duration::from_millis(800), 10).await;
+    assert_eq!(frames.len(), 1);
+    assert_eq!(frames[0].seq, 0);
+    assert_eq!(frames[0].events[0]["type"], "BlockStored");
+    fleet.shutdown().await;
+}

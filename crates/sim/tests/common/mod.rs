@@ -28,7 +28,7 @@ pub async fn subscribe(endpoint: &str) -> SubSocket {
     s.connect(endpoint).await.unwrap();
     s.subscribe("").await.unwrap();
     // Let the subscription reach the publisher (PUB drops messages without subscribers).
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
     s
 }
 
