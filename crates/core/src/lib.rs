@@ -12,12 +12,22 @@
 //!   chain's root so different namespaces never share a block. Hashes are stable across processes
 //!   and builds (golden tests pin them).
 //! - [`index`]: the KV placement index: block hash → instances holding it, with source (engine event,
-//!   own routing decision, peer decision), tier (GPU / CPU / disk) and recency. Bounded.
+//!   own routing decision, peer decision), tier (GPU / CPU / disk) and recency. Sharded
+//!   `RwLock<HashMap>`s of 16-byte holder lists; per-instance CLOCK eviction (predictions first),
+//!   TTL, a global entry cap; prefix matching in shard-grouped batches.
 //! - [`load`]: router-tracked load (in-flight, outstanding prefill, decoding) with RAII guards,
-//!   engine-reported load snapshots, and per-instance prefill-rate estimation.
+//!   engine-reported load snapshots, and per-instance prefill-rate / decode-interference
+//!   estimation ([`load::RateEstimator`]).
 //! - [`policy`]: the [`policy::Policy`] trait, kvgate's cost-based default policy and the comparison
 //!   policies (round robin, random, least load, power of two, consistent hash, SGLang cache-aware,
-//!   Dynamo cost, llm-d weighted).
+//!   Dynamo cost, llm-d weighted); [`policy::PolicyConfig`] holds every policy default and
+//!   [`policy::build_policy`] builds the configured one.
+//!
+//! A routing decision is: hash the prompt ([`hash`]), [`index::PlacementIndex::match_prefix`],
+//! build one [`policy::Candidate`] per healthy instance from the match, [`load::LoadTracker`] and
+//! [`load::RateEstimator`], call [`policy::Policy::decide`], then record the choice with
+//! [`index::PlacementIndex::predict`], [`policy::Policy::on_routed`] and
+//! [`load::LoadTracker::dispatch`].
 //!
 //! ## Invariants
 //!

@@ -13,10 +13,10 @@
 //!
 //! # Layout
 //!
-//! `shards` × `RwLock<HashMap<BlockHash, Holders>>` (ahash). A [`holders::Holders`] is 16 bytes: one
+//! `shards` × `RwLock<HashMap<BlockHash, Holders>>` (ahash). A `Holders` value is 16 bytes: one
 //! 16-byte entry inline (instance, expiry, per-tier copy counts, source, CLOCK bit) or a boxed
 //! sorted vector of entries. Each instance has a slot with its entry count, its capacity and a
-//! CLOCK ring of the hashes it gained (see [`evict`]).
+//! CLOCK ring of the hashes it gained.
 //!
 //! # Eviction (approximate LRU by CLOCK)
 //!
