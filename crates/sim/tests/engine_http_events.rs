@@ -545,3 +545,42 @@ async fn connects_to_a_bound_subscriber_by_vllms_rule() {
     assert_eq!(frames[0].events[0]["type"], "BlockStored");
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_events_fault_silences_the_publisher() {
+    let fleet = start(cfg(256)).await;
+    let inst = fleet.instances()[0].clone();
+    let mut sub = subscribe(inst.kv_events_endpoint.as_deref().unwrap()).await;
+    let c = reqwest::Client::new();
+    let url = format!("{}/v1/completions", inst.url);
+    post(
+        &c,
+        &format!("{}/admin/faults", inst.url),
+        json!({"stop_events": true}),
+    )
+    .await;
+    let (s, _) = post(
+        &c,
+        &url,
+        json!({"prompt": prompt("quiet", 20), "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert!(collect(&mut sub, Duration::from_millis(400), 10)
+        .await
+        .is_empty());
+    post(&c, &format!("{}/admin/faults", inst.url), json!({})).await;
+    post(
+        &c,
+        &url,
+        json!({"prompt": prompt("loud", 20), "max_tokens": 1}),
+    )
+    .await;
+    let frames = collect(&mut sub, Duration::from_millis(400), 10).await;
+    assert_eq!(frames.len(), 1);
+    assert_eq!(
+        frames[0].seq, 0,
+        "discarded batches take no sequence number"
+    );
+    fleet.shutdown().await;
+}
