@@ -90,7 +90,7 @@ impl Default for RoutingConfig {
         Self {
             policy: kvgate_core::policy::PolicyConfig::default(),
             hash_mode: HashMode::Auto,
-            text_block_bytes: 128,
+            text_block_bytes: 256,
             text_bytes_per_token: 4,
             predicted_ttl_ms: 120_000,
             decision_log_size: 256,
