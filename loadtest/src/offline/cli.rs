@@ -229,7 +229,7 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
         (None, Some(u)) => {
             let fit = find_speed_up(&base, &cfg, u, 0.01, 10)?;
             eprintln!(
-                "round_robin reaches {:.1} % prefill utilisation at speed-up {:.3} ({} probes)",
+                "round_robin reaches {:.1} % utilisation at speed-up {:.3} ({} probes)",
                 fit.utilisation * 100.0,
                 fit.speed_up,
                 fit.probes.len()
@@ -262,7 +262,6 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
         results,
         wall_s: started.elapsed().as_secs_f64(),
     };
-    println!("{}", summary_table(&report));
     if let Some(path) = &args.json {
         let out = |msg: String| OfflineError::Output {
             path: path.display().to_string(),
@@ -271,6 +270,7 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
         let body = serde_json::to_vec_pretty(&report).map_err(|e| out(e.to_string()))?;
         std::fs::write(path, body).map_err(|e| out(e.to_string()))?;
     }
+    println!("{}", summary_table(&report));
     Ok(report)
 }
 
@@ -347,7 +347,7 @@ pub fn summary_table(report: &OfflineReport) -> String {
     );
     let _ = writeln!(
         s,
-        "(times in s; ×mean/×p99: TTFT over the best contender's; ÷hit: hit ratio over the best; share: busiest instance's request share over the mean; spread: time-weighted max/mean in-flight; util: prefill work over prefill capacity; busy: time in engine steps; wall {:.1} s; per policy: {})",
+        "(times in s; ×mean/×p99: TTFT over the best contender's; ÷hit: hit ratio over the best; share: busiest instance's request share over the mean; spread: time-weighted max/mean in-flight; util: work over capacity (a step's fixed cost weighted by its token-budget fill); busy: time in engine steps; wall {:.1} s; per policy: {})",
         report.wall_s,
         rs.iter()
             .map(|r| format!("{} {:.1}s", r.policy, r.wall_ms / 1e3))

@@ -160,9 +160,13 @@ pub fn simulate(
         pending: (0..fleet.engines).map(|_| None).collect(),
         start: vec![0; fleet.engines],
         prefill: vec![0; fleet.engines],
+        tokens: vec![0; fleet.engines],
     };
     let mut busy_in_window = vec![0u64; fleet.engines];
     let mut prefill_in_window = 0f64;
+    let mut work_in_window = 0f64;
+    let base_us = fleet.params.timing.step_base_us;
+    let budget = f64::from(fleet.params.max_num_batched_tokens.max(1));
     let prefill_rate = nominal_rates(&fleet.params, 0).prefill_tokens_per_s;
     let mut placed: Vec<u32> = vec![u32::MAX; n];
     let mut ttft_us: Vec<Option<u64>> = vec![None; n];
@@ -170,6 +174,7 @@ pub fn simulate(
     let mut rejected = vec![false; n];
     let mut per_instance = vec![0u64; fleet.engines];
     let mut router_matched_tokens = 0u64;
+    let mut router_best_tokens = 0u64;
     let mut spread = Spread::new(fleet.engines);
     let mut buckets: Vec<Bucket> = Vec::new();
     let mut now = first_arrival;
@@ -223,6 +228,9 @@ pub fn simulate(
                 router_matched_tokens += (u64::from(routed.matched_blocks)
                     * u64::from(workload.block_tokens))
                 .min(u64::from(r.prompt_tokens));
+                router_best_tokens += (u64::from(routed.best_blocks)
+                    * u64::from(workload.block_tokens))
+                .min(u64::from(r.prompt_tokens));
                 close_spread(&mut spread, &mut buckets, now);
                 spread.add(e);
                 let sim_req = SimRequest {
@@ -239,14 +247,22 @@ pub fn simulate(
             }
             Ev::StepEnd(e) => {
                 let e = e as usize;
-                let Some(out) = steps.pending[e].take() else { continue };
+                let Some(out) = steps.pending[e].take() else {
+                    continue;
+                };
                 let begun = steps.start[e];
                 let (lo, hi) = (begun.max(first_arrival), now.min(last_arrival));
                 let inside = hi.saturating_sub(lo);
                 busy_in_window[e] += inside;
                 if now > begun {
-                    prefill_in_window +=
-                        steps.prefill[e] as f64 * inside as f64 / (now - begun) as f64;
+                    let share = inside as f64 / (now - begun) as f64;
+                    prefill_in_window += steps.prefill[e] as f64 * share;
+                    // The fixed per-step cost counts as work in proportion to the token budget
+                    // the step used: a step running a handful of decodes is mostly spare capacity.
+                    let step_us = (now - begun) as f64;
+                    let fixed = base_us.min(step_us);
+                    let fill = (steps.tokens[e] as f64 / budget).min(1.0);
+                    work_in_window += (step_us - fixed + fixed * fill) * share;
                 }
                 for &(id, cached) in &out.first_tokens {
                     let i = id as usize;
@@ -358,11 +374,13 @@ pub fn simulate(
         cached_tokens: cached,
         prompt_tokens: prompt,
         router_matched_ratio: ratio(router_matched_tokens as f64, total_prompt_all as f64),
+        router_best_ratio: ratio(router_best_tokens as f64, total_prompt_all as f64),
         instance_share,
         share_max_over_mean: max_share / mean_share,
         load_spread: ratio(spread.weighted, spread.weight),
         busy: ratio(busy as f64, window),
-        utilisation: ratio(prefill_in_window / prefill_rate * 1e6, window),
+        utilisation: ratio(work_in_window, window),
+        prefill_utilisation: ratio(prefill_in_window / prefill_rate * 1e6, window),
         makespan_s,
         wall_ms: started.elapsed().as_secs_f64() * 1e3,
         timeline,
@@ -385,6 +403,8 @@ struct Steps {
     start: Vec<u64>,
     /// Prompt tokens it computes.
     prefill: Vec<u64>,
+    /// Tokens it processes (prompt tokens computed plus tokens generated).
+    tokens: Vec<u64>,
 }
 
 fn start_step(
@@ -395,12 +415,19 @@ fn start_step(
     push: &mut impl FnMut(&mut BinaryHeap<Reverse<(u64, u64, Ev)>>, u64, Ev),
     heap: &mut BinaryHeap<Reverse<(u64, u64, Ev)>>,
 ) {
-    let before = engine.stats().prefill_computed_tokens;
+    let before = engine.stats();
     if let Some(out) = engine.step(now) {
         let end = out.end_us.max(now + 1);
         steps.pending[e] = Some(out);
         steps.start[e] = now;
-        steps.prefill[e] = engine.stats().prefill_computed_tokens.saturating_sub(before);
+        let after = engine.stats();
+        steps.prefill[e] = after
+            .prefill_computed_tokens
+            .saturating_sub(before.prefill_computed_tokens);
+        steps.tokens[e] = steps.prefill[e]
+            + after
+                .generation_tokens
+                .saturating_sub(before.generation_tokens);
         push(heap, end, Ev::StepEnd(e as u32));
     }
 }

@@ -110,9 +110,10 @@ mod tests {
     use crate::offline::workload::OfflineRequest;
 
     fn params() -> EngineParams {
-        let mut p = EngineParams::default();
-        p.num_gpu_blocks = 1000;
-        p
+        EngineParams {
+            num_gpu_blocks: 1000,
+            ..Default::default()
+        }
     }
 
     fn req(blocks: &[u64], tokens: u32) -> OfflineRequest {

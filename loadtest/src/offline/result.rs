@@ -52,16 +52,23 @@ pub struct PolicyResult {
     pub prompt_tokens: u64,
     /// Share of the prompt tokens the router *believed* cached on its choice (index view).
     pub router_matched_ratio: f64,
+    /// Share of the prompt tokens the router believed cached on the best-matching instance:
+    /// the gap to `router_matched_ratio` is cache the policy traded for load.
+    pub router_best_ratio: f64,
     /// Fraction of requests sent to each instance.
     pub instance_share: Vec<f64>,
     /// Largest instance share over the mean share (1 = perfectly even).
     pub share_max_over_mean: f64,
     /// Time-weighted max/mean in-flight requests over instances, over the run.
     pub load_spread: f64,
-    /// Prefill utilisation between the first and the last arrival: prompt tokens the engines
-    /// computed (uncached, recomputation included) over what the fleet could prefill at its
-    /// nominal rate in that time. The load measure that drives queueing for the first token.
+    /// Utilisation between the first and the last arrival: the fraction of the fleet's time
+    /// spent on work, where a step's fixed cost counts in proportion to the share of its token
+    /// budget it used (a step decoding a handful of sequences is mostly spare capacity). Reaches
+    /// 1 only when steps run full; the load measure the utilisation search targets.
     pub utilisation: f64,
+    /// Prompt tokens the engines computed (uncached, recomputation included) over what the fleet
+    /// could prefill at its nominal rate, between the first and the last arrival.
+    pub prefill_utilisation: f64,
     /// Fraction of time the engines spent in steps between the first and the last arrival
     /// (a step decoding one sequence counts as busy, so this overstates load at low batch sizes).
     pub busy: f64,

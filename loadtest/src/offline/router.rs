@@ -149,6 +149,8 @@ pub struct Routed {
     pub instance: usize,
     /// Leading blocks the index believed the chosen engine held.
     pub matched_blocks: u32,
+    /// The longest leading run the index believed any engine held.
+    pub best_blocks: u32,
 }
 
 impl SimRouter {
@@ -262,6 +264,7 @@ impl SimRouter {
         Routed {
             instance: chosen.index(),
             matched_blocks: matched,
+            best_blocks: self.matches.best(),
         }
     }
 
@@ -370,7 +373,10 @@ mod tests {
     #[test]
     fn nominal_rates_of_the_default_class() {
         let r = nominal_rates(&EngineParams::default(), 8192);
-        assert!((15_000.0..22_000.0).contains(&r.prefill_tokens_per_s), "{r:?}");
+        assert!(
+            (15_000.0..22_000.0).contains(&r.prefill_tokens_per_s),
+            "{r:?}"
+        );
         assert!((0.1..2.0).contains(&r.decode_interference_ms), "{r:?}");
     }
 

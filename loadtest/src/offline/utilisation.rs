@@ -1,8 +1,8 @@
 //! Finding the trace speed-up at which round robin keeps the fleet at a target utilisation.
 //!
-//! Utilisation is the fleet's prefill utilisation between the first and the last arrival (see
-//! [`super::result::PolicyResult::utilisation`]): the share of the fleet's prefill capacity the
-//! uncached prompts use. It grows with the speed-up and passes 1 in overload. The search keeps a bracket and takes proportional steps (utilisation is roughly
+//! Utilisation is the fleet's work fraction between the first and the last arrival (see
+//! [`super::result::PolicyResult::utilisation`]); it grows with the speed-up and approaches 1 as
+//! the fleet saturates. The search keeps a bracket and takes proportional steps (utilisation is roughly
 //! linear in the arrival rate below saturation), falling back to geometric bisection when a step
 //! leaves the bracket.
 //!
