@@ -13,7 +13,8 @@
 //!   runs the engine simulator; `kvgate healthcheck` probes a running gateway (container
 //!   `HEALTHCHECK`).
 //! - [`app`] — [`app::AppState`], [`app::router`] and [`app::run`] (serve a bound listener until a
-//!   shutdown future resolves, then drain for the grace period).
+//!   shutdown future resolves, then drain for the grace period); starts the background tasks
+//!   (health, scrapes, models, index expiry, KV events) and, when enabled, replica gossip.
 //! - [`proxy`] — the OpenAI endpoints: body read once under a limit, routing fields parsed by
 //!   borrowing ([`proxy::parse`]), original bytes forwarded, SSE relayed frame by frame
 //!   ([`proxy::body`]), retries before the first byte only.
