@@ -2,6 +2,14 @@
 //!
 //! # Layout
 //! - [`trace`]: the Mooncake JSONL trace format (parse, write, slice, speed up, stats).
+//! - [`synth`]: seeded synthetic workloads (system prompt, chat, agent, RAG, mix) in that format.
+//! - [`prompt`]: prompt text whose blocks are identical exactly when the trace's ids are.
+//! - [`replay`]: open-loop streaming replay with per-request measurements.
+//! - [`fleet_metrics`]: the engines' own counters (hit ratio, request counts, load over time).
+//! - [`stats`]: exact percentiles, means, shares, buckets.
+//! - [`compare`]: one trace against several routers, each on a fresh simulated fleet.
+//! - [`report`]: JSON results, self-contained HTML report, terminal table.
+//! - [`sizing`]: cache capacity vs working set, fleet-LRU / infinite-cache / TTFT-floor references.
 //! - [`offline`]: the offline simulator (routing core + engine model in virtual time).
 pub mod compare;
 pub mod fleet_metrics;
