@@ -4,7 +4,7 @@
 //! - Exact: an instance's run ends at the first block it does not hold live (gaps end runs;
 //!   expired predictions never count).
 //! - Cost O(blocks examined × holders per block); allocation-free once `out` has grown.
-//! - Blocks are looked up in batches (16, doubling up to 256), grouped by shard, so each shard's
+//! - Blocks are looked up in batches (16, doubling up to 1024), grouped by shard, so each shard's
 //!   read lock is taken once per batch and independent lookups under it overlap their cache
 //!   misses. A batch may look past the point where every run has ended; the doubling keeps that
 //!   waste below the work already done.
@@ -14,7 +14,11 @@ use super::{InstanceMatch, PlacementIndex, PrefixMatches};
 use crate::{BlockHash, InstanceId, Millis, Tier};
 
 const BATCH_MIN: usize = 16;
-const BATCH_MAX: usize = 256;
+const BATCH_MAX: usize = 1024;
+/// Lookups issued under one shard lock before their results are merged.
+const LOOKAHEAD: usize = 16;
+/// Shard counts up to this are grouped by a counting sort.
+const COUNTING_SHARDS: usize = 256;
 
 /// Per-block result of a batch: bit `r` set when row `r` holds the block live (and in CPU / disk).
 #[derive(Clone, Copy, Default)]
@@ -64,29 +68,42 @@ impl PlacementIndex {
         } else {
             (1u64 << rows.len()) - 1
         };
-        let mut order = [0u64; BATCH_MAX];
+        let mut shard_of = [0u32; BATCH_MAX];
+        let mut order = [0u32; BATCH_MAX];
         let mut masks = [Masks::default(); BATCH_MAX];
         let mut pos = 0;
         let mut batch = BATCH_MIN;
         while pos < rest.len() && alive != 0 {
             let chunk = &rest[pos..rest.len().min(pos + batch)];
             let n = chunk.len();
-            for (k, &h) in chunk.iter().enumerate() {
-                order[k] = ((self.shard_index(h) as u64) << 32) | k as u64;
+            for (s, &h) in shard_of.iter_mut().zip(chunk) {
+                *s = self.shard_index(h) as u32;
             }
-            order[..n].sort_unstable();
+            self.group_by_shard(&shard_of[..n], &mut order[..n]);
             let mut k = 0;
             while k < n {
-                let s = (order[k] >> 32) as usize;
-                let shard = self.shards[s].read();
-                while k < n && (order[k] >> 32) as usize == s {
-                    let i = (order[k] & 0xffff_ffff) as usize;
-                    masks[i] = match shard.map.get(&chunk[i]) {
-                        Some(holders) => row_masks(rows, holders.as_slice(), now),
-                        None => Masks::default(),
-                    };
-                    k += 1;
+                let s = shard_of[order[k] as usize];
+                let mut end = k + 1;
+                while end < n && shard_of[order[end] as usize] == s {
+                    end += 1;
                 }
+                let shard = self.shards[s as usize].read();
+                for group in order[k..end].chunks(LOOKAHEAD) {
+                    // First every lookup of the group, then every merge: the lookups (and the
+                    // spilled lists they point to) are independent, so their misses overlap.
+                    let mut found: [&[Entry]; LOOKAHEAD] = [&[]; LOOKAHEAD];
+                    for (f, &i) in found.iter_mut().zip(group) {
+                        if let Some(holders) = shard.map.get(&chunk[i as usize]) {
+                            *f = holders.as_slice();
+                            prefetch(f.as_ptr());
+                        }
+                    }
+                    for (f, &i) in found.iter().zip(group) {
+                        masks[i as usize] = row_masks(rows, f, now);
+                    }
+                }
+                drop(shard);
+                k = end;
             }
             for m in &masks[..n] {
                 alive &= m.held;
@@ -110,6 +127,30 @@ impl PlacementIndex {
             }
             pos += n;
             batch = (batch * 2).min(BATCH_MAX);
+        }
+    }
+
+    /// Fills `order` with the positions `0..shard_of.len()` grouped by shard (ascending).
+    /// A counting sort when the shard count is small, a comparison sort otherwise.
+    fn group_by_shard(&self, shard_of: &[u32], order: &mut [u32]) {
+        if self.shards.len() <= COUNTING_SHARDS {
+            let mut start = [0u32; COUNTING_SHARDS + 1];
+            for &s in shard_of {
+                start[s as usize + 1] += 1;
+            }
+            for i in 1..start.len() {
+                start[i] += start[i - 1];
+            }
+            for (i, &s) in shard_of.iter().enumerate() {
+                let slot = &mut start[s as usize];
+                order[*slot as usize] = i as u32;
+                *slot += 1;
+            }
+        } else {
+            for (i, o) in order.iter_mut().enumerate() {
+                *o = i as u32;
+            }
+            order.sort_unstable_by_key(|&i| shard_of[i as usize]);
         }
     }
 
@@ -165,10 +206,78 @@ fn row_masks(rows: &[InstanceMatch], holders: &[Entry], now: Millis) -> Masks {
     m
 }
 
+/// Hints the CPU to fetch the cache line at `p` (a spilled holder list about to be merged).
+#[inline(always)]
+fn prefetch(p: *const Entry) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint; it never faults, even on an invalid address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 fn count_tier(row: &mut InstanceMatch, tier: Tier) {
     match tier {
         Tier::Gpu => row.gpu += 1,
         Tier::Cpu => row.cpu += 1,
         Tier::Disk => row.disk += 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::IndexConfig;
+    use super::*;
+    use crate::{Source, Tier};
+
+    fn runs(shards: usize) -> Vec<InstanceMatch> {
+        let ix = PlacementIndex::new(IndexConfig {
+            shards,
+            max_entries: 1 << 20,
+            default_instance_capacity: 1 << 20,
+        });
+        let chain: Vec<BlockHash> = (0..3000u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        ix.predict(InstanceId(1), &chain[..2500], Source::Local, 100, 0);
+        ix.predict(InstanceId(2), &chain, Source::Local, 100, 0);
+        ix.store(InstanceId(2), &chain[..700], Tier::Cpu, 0);
+        // Instance 3's run ends at its gap (block 40), and its expired tail never counts.
+        ix.predict(InstanceId(3), &chain[..40], Source::Peer, 100, 0);
+        ix.predict(InstanceId(3), &chain[41..], Source::Peer, 100, 0);
+        ix.predict(InstanceId(4), &chain, Source::Peer, 5, 0);
+        let mut out = PrefixMatches::default();
+        ix.match_prefix(&chain, 10, &mut out);
+        out.rows.sort_by_key(|r| r.instance);
+        out.rows
+    }
+
+    #[test]
+    fn every_grouping_path_gives_the_same_runs() {
+        let expect = vec![
+            InstanceMatch {
+                instance: InstanceId(1),
+                gpu: 2500,
+                cpu: 0,
+                disk: 0,
+            },
+            InstanceMatch {
+                instance: InstanceId(2),
+                gpu: 2300,
+                cpu: 700,
+                disk: 0,
+            },
+            InstanceMatch {
+                instance: InstanceId(3),
+                gpu: 40,
+                cpu: 0,
+                disk: 0,
+            },
+        ];
+        for shards in [1, 4, 64, 256, 1024] {
+            assert_eq!(runs(shards), expect, "{shards} shards");
+        }
     }
 }
