@@ -110,8 +110,25 @@ fn healthcheck(cfg: &Config, addr: Option<String>) -> Result<()> {
     }
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kvgate: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The error chain, without a backtrace: these are operator-facing messages.
+            eprintln!("kvgate: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<()> {
     let cli = Cli::parse();
     if let Some(Command::Sim(args)) = cli.command {
         tracing_subscriber::fmt()
