@@ -111,7 +111,10 @@ fn healthcheck(cfg: &Config, addr: Option<String>) -> Result<()> {
 }
 
 fn main() -> std::process::ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("kvgate: cannot start the async runtime: {e}");
