@@ -7,15 +7,15 @@
 //! ```text
 //! credit_c   = gpu_c·κ_gpu + cpu_c·κ_cpu + disk_c·κ_disk            (leading blocks, tier-weighted)
 //! uncached_c = prompt_tokens − min(credit_c·tpb, prompt_tokens)
-//! queued_c   = max(router pending prefill tokens, engine waiting × engine_waiting_tokens)
+//! queued_c   = router pending prefill tokens + foreign waiting × engine_waiting_tokens
 //! ttft_c     = (queued_c + uncached_c) / r_c + decode_interference_c × decoding_c
 //! redo_c     = min((max_k credit_k − credit_c)·tpb, prompt_tokens)   (recompute beyond the best match)
 //! fleet_c    = redo_c / r_c × φ_c,   φ_c = min(fleet_weight + fleet_load_weight × w_c, fleet_max_factor)
 //! cost_c     = ttft_c + fleet_c
 //! ```
 //!
-//! `w_c` is the number of requests waiting for their first token on `c` (router-tracked, or the
-//! engine's fresh waiting queue if larger).
+//! `w_c` is the number of requests waiting for their first token on `c`: router-tracked plus
+//! foreign waiting requests.
 //!
 //! Why each term:
 //! - `ttft_c` is what this request waits there. Blocks every instance holds (a shared system prompt)
@@ -35,8 +35,12 @@
 //! - Scores within `tie_epsilon_ms` tie; ties go to the lowest hash of (request seed, instance id),
 //!   so equal instances are chosen uniformly over requests and slice position never matters.
 //!
-//! Engine-scraped load is used only when fresh (`stale == false`) and only as a lower bound on the
-//! router's own, which is updated at dispatch and first token and so never lags.
+//! Engine-scraped load is used only when fresh (`stale == false`) and only for the part the router
+//! cannot see itself ("foreign" load: requests from other clients, or replicas not sharing load).
+//! The router's own counts are updated at dispatch and first token and never lag; a scrape does lag,
+//! so it would keep reporting a request as waiting after it started. Foreign load is therefore the
+//! engine's waiting + running in excess of the router's in-flight count for that instance, taken
+//! from the waiting queue first.
 
 use super::config::KvgateParams;
 use super::util::{argmin_seeded, decision, prefilling};
@@ -78,10 +82,9 @@ impl Kvgate {
             + f64::from(c.matched.disk) * p.disk_credit
     }
 
-    /// Requests waiting for their first token on `c`: router-tracked, or the engine's fresh queue.
+    /// Requests waiting for their first token on `c`: router-tracked plus foreign ones.
     fn waiting(c: &Candidate) -> f64 {
-        let engine = c.engine.filter(|e| !e.stale).map_or(0, |e| e.waiting);
-        f64::from(prefilling(c).max(engine))
+        f64::from(prefilling(c)) + f64::from(foreign(c).waiting)
     }
 
     /// Priced terms of every candidate, in candidate order, appended to `out`.
@@ -102,11 +105,10 @@ impl Kvgate {
             let rate_per_ms = c.rates.prefill_tokens_per_s.max(1.0) / 1000.0;
             let credit = self.credit(c);
             let uncached = prompt - (credit * tpb).min(prompt);
-            let fresh = c.engine.filter(|e| !e.stale);
-            let engine_queued =
-                fresh.map_or(0.0, |e| f64::from(e.waiting) * p.engine_waiting_tokens);
-            let queued = (c.load.pending_prefill_tokens as f64).max(engine_queued);
-            let decoding = f64::from(c.load.decoding.max(fresh.map_or(0, |e| e.running)));
+            let other = foreign(c);
+            let queued = c.load.pending_prefill_tokens as f64
+                + f64::from(other.waiting) * p.engine_waiting_tokens;
+            let decoding = f64::from(c.load.decoding) + f64::from(other.running);
             let ttft_ms = (queued + uncached) / rate_per_ms
                 + c.rates.decode_interference_ms.max(0.0) * decoding;
             let redo = ((best - credit) * tpb).clamp(0.0, prompt);
@@ -117,6 +119,29 @@ impl Kvgate {
                 fleet_ms: redo / rate_per_ms * phi,
             }
         }));
+    }
+}
+
+/// Engine-reported requests the router does not account for itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Foreign {
+    waiting: u32,
+    running: u32,
+}
+
+/// The fresh scrape's waiting + running beyond the router's in-flight count, waiting first.
+fn foreign(c: &Candidate) -> Foreign {
+    let Some(e) = c.engine.filter(|e| !e.stale) else {
+        return Foreign::default();
+    };
+    let excess = e
+        .waiting
+        .saturating_add(e.running)
+        .saturating_sub(c.load.in_flight);
+    let waiting = excess.min(e.waiting);
+    Foreign {
+        waiting,
+        running: excess - waiting,
     }
 }
 
