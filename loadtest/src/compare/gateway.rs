@@ -21,6 +21,10 @@ pub struct InProcessGateway {
 pub struct GatewayStartError(String);
 
 /// The gateway config: `base` with one pool of the fleet's engines and `policy`.
+///
+/// The pool hashes in token mode with the simulator's own built-in tokenizer and subscribes to
+/// every engine's KV events, as a production deployment in front of vLLM would: the index is then
+/// exact, not only predicted, and every kvgate contender sees the same information.
 pub fn config_for(
     base: &Config,
     policy: PolicyName,
@@ -33,7 +37,7 @@ pub fn config_for(
     cfg.pools = vec![PoolConfig {
         model: model.to_string(),
         block_size: engines.first().map(|e| e.block_size),
-        tokenizer: None,
+        tokenizer: Some("builtin".to_string()),
         chat_template: None,
         flavour: Flavour::Vllm,
         instances: engines
