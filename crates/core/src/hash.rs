@@ -7,6 +7,8 @@
 //!   `root = xxh3_64_with_seed(HASH_SEED, "kvgate/ns/v1\0" || field(model) || field(lora) || field(salt))`
 //!   where `field(None) = 0x00` and `field(Some(s)) = 0x01 || len(s) as LE u64 || s`.
 //! - Only full blocks are hashed; a trailing partial block contributes nothing.
+//! - The common 72-byte inputs (16 tokens or 64 bytes per block) take an unrolled XXH3 path that
+//!   tests check bit-for-bit against `xxh3_64_with_seed`.
 //! - Outputs are pinned by golden tests: changing them is a wire-format break (gossip, events).
 
 use crate::BlockHash;
@@ -73,6 +75,21 @@ pub fn hash_text_blocks(
         return;
     }
     out.reserve(text.len() / block_bytes);
+    if block_bytes == 64 {
+        let mut parent = root;
+        for block in text.chunks_exact(64) {
+            let mut w = [0u64; 9];
+            w[0] = parent;
+            for (dst, b) in w[1..].iter_mut().zip(block.chunks_exact(8)) {
+                let mut le = [0u8; 8];
+                le.copy_from_slice(b);
+                *dst = u64::from_le_bytes(le);
+            }
+            parent = xxh3_72(&w);
+            out.push(parent);
+        }
+        return;
+    }
     // One scratch buffer per call: parent (8 bytes) followed by the block's bytes.
     let mut buf = vec![0u8; 8 + block_bytes];
     let mut parent = root;
@@ -99,6 +116,19 @@ pub fn hash_token_blocks(
         return;
     }
     out.reserve(tokens.len() / block_tokens);
+    if block_tokens == 16 {
+        let mut parent = parent;
+        for block in tokens.chunks_exact(16) {
+            let mut w = [0u64; 9];
+            w[0] = parent;
+            for (dst, pair) in w[1..].iter_mut().zip(block.chunks_exact(2)) {
+                *dst = u64::from(pair[0]) | u64::from(pair[1]) << 32;
+            }
+            parent = xxh3_72(&w);
+            out.push(parent);
+        }
+        return;
+    }
     // One fixed-size scratch buffer: parent, then the block's ids; filled in place per block.
     let mut buf = vec![0u8; 8 + 4 * block_tokens];
     let mut parent = parent;
@@ -111,6 +141,49 @@ pub fn hash_token_blocks(
         parent = xxh3_64_with_seed(&buf, HASH_SEED);
         out.push(parent);
     }
+}
+
+/// The default XXH3 secret's first 96 bytes as little-endian words (all a 72-byte input uses).
+const XXH3_SECRET: [u64; 12] = [
+    0xbe4b_a423_396c_feb8,
+    0x1cad_21f7_2c81_017c,
+    0xdb97_9083_e96d_d4de,
+    0x1f67_b3b7_a4a4_4072,
+    0x78e5_c0cc_4ee6_79cb,
+    0x2172_ffcc_7dd0_5a82,
+    0x8e24_43f7_7446_08b8,
+    0x4c26_3a81_e690_35e0,
+    0xcb00_c391_bb52_283c,
+    0xa32e_531b_8b65_d088,
+    0x4ef9_0da2_9748_6471,
+    0xd8ac_dea9_46ef_1938,
+];
+const XXH3_PRIME64_1: u64 = 0x9e37_79b1_85eb_ca87;
+
+/// XXH3-64 with [`HASH_SEED`] of one 72-byte input given as nine little-endian words (a parent
+/// hash and a 64-byte block): exactly `xxh3_64_with_seed(bytes, HASH_SEED)`, unrolled for that
+/// length. Only the first mix depends on the parent, so consecutive blocks of a chain overlap.
+#[inline(always)]
+fn xxh3_72(w: &[u64; 9]) -> u64 {
+    #[inline(always)]
+    fn mix16(lo: u64, hi: u64, k: usize) -> u64 {
+        let lo = lo ^ XXH3_SECRET[2 * k].wrapping_add(HASH_SEED);
+        let hi = hi ^ XXH3_SECRET[2 * k + 1].wrapping_sub(HASH_SEED);
+        let p = u128::from(lo) * u128::from(hi);
+        (p as u64) ^ ((p >> 64) as u64)
+    }
+    // The 17..=128-byte path of XXH3 at length 72: input offsets 32, 24, 16, 40, 0, 56 against
+    // secret offsets 64, 80, 32, 48, 0, 16.
+    let rest = mix16(w[4], w[5], 4)
+        .wrapping_add(mix16(w[3], w[4], 5))
+        .wrapping_add(mix16(w[2], w[3], 2))
+        .wrapping_add(mix16(w[5], w[6], 3))
+        .wrapping_add(mix16(w[7], w[8], 1))
+        .wrapping_add(72u64.wrapping_mul(XXH3_PRIME64_1));
+    let mut h = rest.wrapping_add(mix16(w[0], w[1], 0));
+    h ^= h >> 37;
+    h = h.wrapping_mul(0x1656_6791_9e37_79f9);
+    h ^ (h >> 32)
 }
 
 /// Convenience: the full text-mode chain of `text` in namespace `ns`.
@@ -207,6 +280,57 @@ mod tests {
         lora: None,
         cache_salt: None,
     };
+
+    /// Deterministic pseudo-random words for the equivalence checks.
+    fn words(state: &mut u64) -> u64 {
+        *state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        *state ^ (*state >> 29)
+    }
+
+    #[test]
+    fn unrolled_72_byte_hash_equals_xxh3() {
+        let mut st = 7u64;
+        for _ in 0..20_000 {
+            let mut w = [0u64; 9];
+            for x in &mut w {
+                *x = words(&mut st);
+            }
+            let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
+            assert_eq!(xxh3_72(&w), xxh3_64_with_seed(&bytes, HASH_SEED));
+        }
+    }
+
+    #[test]
+    fn specialised_block_sizes_equal_the_generic_encoding() {
+        let mut st = 11u64;
+        let toks: Vec<u32> = (0..16 * 50).map(|_| words(&mut st) as u32).collect();
+        let text: Vec<u8> = (0..64 * 50 + 13).map(|_| words(&mut st) as u8).collect();
+        let root = namespace_root(&NS);
+        let (mut fast, mut slow) = (Vec::new(), Vec::new());
+        hash_token_blocks(root, &toks, 16, &mut fast);
+        let mut parent = root;
+        for b in toks.chunks_exact(16) {
+            let mut buf = parent.to_le_bytes().to_vec();
+            buf.extend(b.iter().flat_map(|t| t.to_le_bytes()));
+            parent = xxh3_64_with_seed(&buf, HASH_SEED);
+            slow.push(parent);
+        }
+        assert_eq!(fast, slow);
+        fast.clear();
+        slow.clear();
+        hash_text_blocks(root, &text, 64, &mut fast);
+        let mut parent = root;
+        for b in text.chunks_exact(64) {
+            let mut buf = parent.to_le_bytes().to_vec();
+            buf.extend_from_slice(b);
+            parent = xxh3_64_with_seed(&buf, HASH_SEED);
+            slow.push(parent);
+        }
+        assert_eq!(fast, slow);
+        assert_eq!(fast.len(), 50);
+    }
 
     #[test]
     fn golden_roots() {

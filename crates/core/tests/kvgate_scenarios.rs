@@ -251,7 +251,8 @@ fn foreign_engine_queue_counts_as_load() {
     }
     // The same scrape, marked stale, is ignored: both are idle and ties spread.
     busy.engine = busy.engine.map(|e| EngineLoad { stale: true, ..e });
-    let picks: std::collections::HashSet<u32> =
-        (0..32).map(|s| pick(&p, &hashes, &[busy, idle], s)).collect();
+    let picks: std::collections::HashSet<u32> = (0..32)
+        .map(|s| pick(&p, &hashes, &[busy, idle], s))
+        .collect();
     assert_eq!(picks.len(), 2);
 }
