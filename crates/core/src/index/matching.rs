@@ -9,7 +9,7 @@
 //!   misses. A batch may look past the point where every run has ended; the doubling keeps that
 //!   waste below the work already done.
 
-use super::holders::Entry;
+use super::holders::{Entry, Holders};
 use super::{InstanceMatch, PlacementIndex, PrefixMatches};
 use crate::{BlockHash, InstanceId, Millis, Tier};
 
@@ -91,10 +91,17 @@ impl PlacementIndex {
                 for group in order[k..end].chunks(LOOKAHEAD) {
                     // First every lookup of the group, then every merge: the lookups (and the
                     // spilled lists they point to) are independent, so their misses overlap.
+                    let mut hit: [Option<&Holders>; LOOKAHEAD] = [None; LOOKAHEAD];
+                    for (h, &i) in hit.iter_mut().zip(group) {
+                        *h = shard.map.get(&chunk[i as usize]);
+                        if let Some(Holders::Many(v)) = h {
+                            prefetch((&**v as *const Vec<Entry>).cast());
+                        }
+                    }
                     let mut found: [&[Entry]; LOOKAHEAD] = [&[]; LOOKAHEAD];
-                    for (f, &i) in found.iter_mut().zip(group) {
-                        if let Some(holders) = shard.map.get(&chunk[i as usize]) {
-                            *f = holders.as_slice();
+                    for (f, h) in found.iter_mut().zip(&hit) {
+                        if let Some(h) = h {
+                            *f = h.as_slice();
                             prefetch(f.as_ptr());
                         }
                     }
