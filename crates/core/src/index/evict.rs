@@ -3,7 +3,12 @@
 //! Invariants:
 //! - After an insert returns, the inserting instance holds at most its capacity and the index at
 //!   most `max_entries` (up to concurrent inserts racing past the counters).
-//! - Predictions go first; event-sourced entries only after two full laps found nothing else.
+//! - Predictions go first; event-sourced entries only when a bounded scan found nothing else:
+//!   after two full laps, or after [`EVICT_SCAN_BUDGET`] entries beyond those asked for. The bound
+//!   keeps an insert into a full instance O(1) amortised: an instance whose engine reports more
+//!   blocks than its configured capacity (e.g. a CPU offload tier) is full of event entries, and an
+//!   unbounded search for a prediction would rescan its whole ring on every insert, stalling the
+//!   request path and event ingestion.
 //! - Expired predictions are evicted regardless of their reference bit.
 
 use super::{PlacementIndex, Source};
@@ -15,6 +20,10 @@ use std::sync::atomic::Ordering;
 /// Fraction of the global cap freed at once when it is exceeded, so that the O(instances) victim
 /// search is amortised over many inserts.
 const GLOBAL_SLACK_DIVISOR: usize = 256;
+
+/// Entries one eviction call may pass over (referenced, or event-sourced) before it evicts the
+/// next entry regardless.
+pub(super) const EVICT_SCAN_BUDGET: usize = 64;
 
 impl PlacementIndex {
     /// The capacity of `instance` in entries.
@@ -77,7 +86,7 @@ impl PlacementIndex {
         while freed < n {
             let Some(h) = ring.pop_front() else { break };
             steps += 1;
-            let last_resort = steps > 2 * lap;
+            let last_resort = steps > 2 * lap || steps > n.saturating_add(EVICT_SCAN_BUDGET);
             let mut shard = self.shard(h).write();
             let shard = &mut *shard;
             let Some(holders) = shard.map.get_mut(&h) else {

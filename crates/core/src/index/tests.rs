@@ -230,3 +230,33 @@ fn concurrent_readers_and_writers_keep_counts_consistent() {
     assert_eq!(st.entries_by_instance.iter().sum::<usize>(), ix.len());
     assert_eq!(st.entries_by_source.iter().sum::<usize>(), ix.len());
 }
+
+#[test]
+fn an_instance_full_of_event_entries_still_prefers_nearby_predictions() {
+    // The engine reports more blocks than the configured capacity: the instance is full of event
+    // entries. Inserts stay bounded (each evicts within a short scan) and the capacity holds.
+    let cap = 1_000;
+    let ix = idx(cap, 1 << 20);
+    let events: Vec<u64> = (1..=cap as u64).collect();
+    ix.store(InstanceId(0), &events, Tier::Gpu, 0);
+    ix.predict(InstanceId(0), &[50_000], Source::Local, 60_000, 0);
+    assert_eq!(ix.instance_entries(InstanceId(0)), cap);
+    // The prediction sits behind 1 000 event entries in the ring, beyond the scan budget: an
+    // event entry goes, the prediction survives this time.
+    ix.store(InstanceId(0), &[60_000], Tier::Gpu, 0);
+    assert_eq!(ix.instance_entries(InstanceId(0)), cap);
+    assert_eq!(m(&ix, &[60_000], 0), vec![(0, 1, 0, 0)]);
+    assert_eq!(m(&ix, &[50_000], 0), vec![(0, 1, 0, 0)]);
+    let held = events
+        .iter()
+        .filter(|&&h| !m(&ix, &[h], 0).is_empty())
+        .count();
+    assert_eq!(held, cap - 2);
+    // Many more event inserts: the bound holds throughout.
+    let more: Vec<u64> = (100_000..105_000).collect();
+    for chunk in more.chunks(16) {
+        ix.store(InstanceId(0), chunk, Tier::Gpu, 0);
+        assert!(ix.instance_entries(InstanceId(0)) <= cap);
+    }
+    assert_eq!(m(&ix, &[104_999], 0), vec![(0, 1, 0, 0)]);
+}
