@@ -231,6 +231,13 @@ impl Config {
         if r.text_bytes_per_token == 0 {
             return Err(invalid("routing.text_bytes_per_token", "must be >= 1"));
         }
+        let f = r.index.capacity_factor;
+        if !(f.is_finite() && (1.0..=64.0).contains(&f)) {
+            return Err(invalid(
+                "routing.index.capacity_factor",
+                "must be between 1 and 64",
+            ));
+        }
         if r.decision_log_size > 100_000 {
             return Err(invalid("routing.decision_log_size", "must be <= 100000"));
         }

@@ -38,6 +38,23 @@ pub struct IndexSection {
     pub default_instance_capacity: usize,
     /// How often expired predictions are swept (off the request path).
     pub expire_interval_ms: u64,
+    /// An instance's index capacity, as a multiple of its configured or engine-reported KV
+    /// capacity in blocks. Above 1 because engines with a CPU or disk offload tier hold more
+    /// blocks than their GPU capacity reports, and predictions for requests in flight need room
+    /// beside them: with a factor of 1 the index forgets blocks the engine still holds.
+    pub capacity_factor: f64,
+}
+
+impl IndexSection {
+    /// The index capacity for an instance whose KV cache holds `blocks` blocks.
+    pub fn instance_capacity(&self, blocks: u64) -> usize {
+        let scaled = blocks as f64 * self.capacity_factor.max(1.0);
+        if scaled >= usize::MAX as f64 {
+            usize::MAX
+        } else {
+            scaled as usize
+        }
+    }
 }
 
 impl Default for IndexSection {
@@ -47,6 +64,7 @@ impl Default for IndexSection {
             max_entries: 8_000_000,
             default_instance_capacity: 262_144,
             expire_interval_ms: 1_000,
+            capacity_factor: 2.0,
         }
     }
 }

@@ -43,7 +43,8 @@ pub fn spawn(probe: Probe, token: CancellationToken) -> Vec<tokio::task::JoinHan
     for inst in probe.fleet.instances() {
         metrics::set_instance_healthy(&inst.name, true);
         if let Some(c) = inst.capacity() {
-            probe.index.set_instance_capacity(inst.id, c as usize);
+            let cap = probe.config.routing.index.instance_capacity(c);
+            probe.index.set_instance_capacity(inst.id, cap);
         }
     }
     let mut handles = vec![
@@ -207,7 +208,8 @@ async fn scrape_loop(p: Probe, token: CancellationToken) {
                 if inst.config.capacity_blocks.is_none()
                     && inst.capacity_blocks.swap(c, Ordering::Relaxed) != c
                 {
-                    p.index.set_instance_capacity(inst.id, c as usize);
+                    let cap = p.config.routing.index.instance_capacity(c);
+                    p.index.set_instance_capacity(inst.id, cap);
                 }
             }
         }
