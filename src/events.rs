@@ -47,7 +47,7 @@ pub fn sources(fleet: &Fleet, default_dp_ranks: u32) -> Vec<EventSource> {
             let endpoint = i.config.kv_events.as_ref()?;
             let pool = &fleet.pools()[i.pool];
             // Same default as routing's token mode (vLLM's default block size).
-            let block_size = pool.config.block_size.unwrap_or(16).max(1);
+            let block_size = pool.config.block_size();
             let mut src = EventSource::new(i.id, &i.name, endpoint, &pool.model, block_size);
             src.replay_endpoint = i.config.kv_replay.clone();
             src.topic = i.config.kv_topic.clone().unwrap_or_default();

@@ -171,7 +171,7 @@ impl Routing {
             pools.push(PoolRouting {
                 policy,
                 mode,
-                block_size: p.config.block_size.unwrap_or(16).max(1),
+                block_size: p.config.block_size(),
                 tokens,
             });
         }

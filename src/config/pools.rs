@@ -40,6 +40,16 @@ pub struct PoolConfig {
     pub instances: Vec<InstanceConfig>,
 }
 
+impl PoolConfig {
+    /// vLLM's default KV block size, used when a pool does not name one.
+    pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+
+    /// The engines' KV block size in tokens: configured, else vLLM's default; never 0.
+    pub fn block_size(&self) -> u32 {
+        self.block_size.unwrap_or(Self::DEFAULT_BLOCK_SIZE).max(1)
+    }
+}
+
 /// One instance (engine endpoint) in a pool.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
