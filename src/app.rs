@@ -179,8 +179,9 @@ pub async fn start_gossip(state: &AppState) -> std::io::Result<Option<kvgate_gos
     Ok(Some(gossip))
 }
 
-/// Publishes this replica's router-tracked load and health verdicts to its gossip peers every
-/// `gossip.load_interval_ms` (gossip sends only what changed, plus a heartbeat).
+/// Publishes this replica's router-tracked load and own health verdicts to its gossip peers every
+/// `gossip.load_interval_ms` (gossip sends only what changed, plus a heartbeat), and applies the
+/// peers' merged health verdicts to routing on the same tick.
 async fn publish_to_gossip(
     state: AppState,
     gossip: kvgate_gossip::Gossip,
@@ -201,7 +202,12 @@ async fn publish_to_gossip(
         health.clear();
         for i in state.fleet.instances() {
             loads.push((i.id, state.routing.load().snapshot(i.id)));
-            health.push((i.id, i.health.usable(now)));
+            // Only this replica's own observation: re-publishing peers' verdicts would let a dead
+            // verdict circulate after the replica that made it sees the instance recover.
+            health.push((i.id, i.health.own_usable(now)));
+            // A live peer that observes the instance dead keeps it out of routing here too.
+            i.health
+                .set_peer_down(gossip.peer_health(i.id) == Some(false));
         }
         gossip.publish_load(&loads);
         gossip.publish_health(&health);

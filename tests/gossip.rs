@@ -138,3 +138,65 @@ async fn replicas_share_placements_and_load() {
     assert_eq!(status["members"][0]["state"], "alive");
     assert!(status["bytes_in"].as_u64().unwrap_or(0) > 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replicas_dead_instance_verdict_steers_the_others() {
+    let engines = [
+        Mock::start("e0").await,
+        Mock::start("e1").await,
+        Mock::start("e2").await,
+    ];
+    let urls: Vec<String> = engines.iter().map(|m| m.url()).collect();
+    let a = Gateway::start(with_gossip(&urls, vec![])).await;
+    let ga = gossip_of(&a).await;
+    // B checks health so rarely that anything it learns about e1 within the test comes from A.
+    let mut cb = with_gossip(&urls, vec![ga.local_addr().to_string()]);
+    cb.health.interval_ms = 600_000;
+    let b = Gateway::start(cb).await;
+    let gb = gossip_of(&b).await;
+    assert!(eventually(10, || ga.live_peers() == 1 && gb.live_peers() == 1).await);
+    let inst = |g: &Gateway, i: usize| {
+        g.state.fleet.instances()[i]
+            .health
+            .usable(g.state.clock.now_ms())
+    };
+    assert!(eventually(10, || (0..3).all(|i| inst(&a, i) && inst(&b, i))).await);
+
+    engines[1].set_healthy(false);
+    assert!(
+        eventually(10, || !inst(&a, 1)).await,
+        "A did not see e1 die"
+    );
+    assert!(
+        eventually(10, || !inst(&b, 1)).await,
+        "A's verdict did not reach B"
+    );
+    let own = b.state.fleet.instances()[1]
+        .health
+        .own_usable(b.state.clock.now_ms());
+    assert!(own, "B itself never observed e1 dead: the verdict is A's");
+    for i in 0..12 {
+        let (chosen, _) = complete(&b, &format!("request {i} {}", "x ".repeat(40))).await;
+        assert_ne!(
+            chosen, "i1",
+            "B routed request {i} to the instance A saw dead"
+        );
+    }
+
+    // Recovery observed by A reaches B the same way.
+    engines[1].set_healthy(true);
+    assert!(
+        eventually(10, || inst(&a, 1)).await,
+        "A did not see e1 recover"
+    );
+    assert!(
+        eventually(10, || inst(&b, 1)).await,
+        "A's recovery did not reach B"
+    );
+    let mut reached = false;
+    for i in 0..60 {
+        let (chosen, _) = complete(&b, &format!("after {i} {}", "y ".repeat(40))).await;
+        reached |= chosen == "i1";
+    }
+    assert!(reached, "B never routed to the recovered instance");
+}

@@ -1,7 +1,13 @@
-//! Instance health: the active checker's verdict plus passive ejection on connect failures.
+//! Instance health: the active checker's verdict, passive ejection on connect failures, and the
+//! verdict of gossip peers.
 //!
 //! Invariants:
-//! - An instance is usable iff its last active verdict is healthy and it is not ejected.
+//! - An instance is usable iff its last active verdict is healthy, it is not ejected, and no live
+//!   gossip peer currently observes it dead.
+//! - Only this replica's own observations ([`Health::own_usable`]) are published to peers; a
+//!   peer's verdict is never re-published, so a dead verdict lasts exactly as long as the replica
+//!   that observed it keeps reporting it (it clears when that replica sees the instance recover,
+//!   dies, or goes silent), and verdicts cannot circulate between replicas.
 //! - Instances start healthy, so a fresh gateway routes at once; the first failed checks or connect
 //!   failures correct that within `unhealthy_threshold` intervals or `passive_failure_threshold`
 //!   requests.
@@ -15,6 +21,7 @@ pub struct Health {
     active_ok: AtomicBool,
     ejected_until_ms: AtomicU64,
     connect_failures: AtomicU32,
+    peer_down: AtomicBool,
 }
 
 impl Health {
@@ -24,12 +31,32 @@ impl Health {
             active_ok: AtomicBool::new(true),
             ejected_until_ms: AtomicU64::new(0),
             connect_failures: AtomicU32::new(0),
+            peer_down: AtomicBool::new(false),
         }
     }
 
-    /// May receive traffic at `now_ms`.
+    /// May receive traffic at `now_ms`: this replica sees it usable and no gossip peer sees it
+    /// dead.
     pub fn usable(&self, now_ms: u64) -> bool {
+        self.own_usable(now_ms) && !self.peer_down()
+    }
+
+    /// This replica's own observation at `now_ms` (active verdict and passive ejection, peers
+    /// ignored): what is published to gossip peers.
+    pub fn own_usable(&self, now_ms: u64) -> bool {
         self.active_ok.load(Ordering::Relaxed) && !self.ejected(now_ms)
+    }
+
+    /// Some live gossip peer currently observes the instance dead.
+    pub fn peer_down(&self) -> bool {
+        self.peer_down.load(Ordering::Relaxed)
+    }
+
+    /// Sets the merged verdict of live gossip peers (true = some peer observes it dead).
+    pub fn set_peer_down(&self, down: bool) {
+        if self.peer_down.load(Ordering::Relaxed) != down {
+            self.peer_down.store(down, Ordering::Relaxed);
+        }
     }
 
     /// The last active check verdict.
@@ -125,6 +152,22 @@ mod tests {
         assert!(!h.usable(1));
         h.set_active(true);
         assert!(h.usable(1));
+    }
+
+    #[test]
+    fn peer_verdict_gates_usable_but_not_own_observation() {
+        let h = Health::new();
+        h.set_peer_down(true);
+        assert!(!h.usable(0));
+        assert!(
+            h.own_usable(0),
+            "a peer's verdict is not this replica's observation"
+        );
+        h.set_peer_down(false);
+        assert!(h.usable(0));
+        h.set_active(false);
+        h.set_peer_down(false);
+        assert!(!h.usable(0) && !h.own_usable(0));
     }
 
     #[test]

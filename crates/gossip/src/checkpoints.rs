@@ -72,6 +72,13 @@ impl Checkpoints {
         self.len() == 0
     }
 
+    /// Drops every checkpoint (checkpoints are not attributed to the peer that sent them).
+    pub fn clear(&self) {
+        for s in &self.shards {
+            s.lock().clear();
+        }
+    }
+
     /// Records that `instance` holds the prefixes ending in `hashes` until `now + ttl_ms`.
     pub fn insert(&self, instance: InstanceId, hashes: &[BlockHash], ttl_ms: u64, now: Millis) {
         let expires = now.saturating_add(ttl_ms);

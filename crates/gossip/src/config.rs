@@ -75,12 +75,14 @@ pub struct GossipConfig {
     /// Accepted difference between a message's timestamp and this replica's wall clock; older or
     /// newer messages are rejected as replays.
     pub max_clock_skew_ms: u64,
-    /// When a peer dies, drop every peer-sourced prediction and re-fetch snapshots from the live
-    /// peers, so the dead replica's placements disappear at once instead of by TTL. Off by
-    /// default: the requests a dead replica routed did reach the engines, whose caches still hold
-    /// those blocks, and the re-fetch costs every survivor a full snapshot from every other
-    /// (measured: it delayed a restarted replica's catch-up by seconds). Its load and health
-    /// shares are always dropped at once.
+    /// When a peer is declared dead (or replaced by a restart), drop every peer-sourced
+    /// prediction and unmaterialized checkpoint and re-fetch snapshots from the live peers, so the
+    /// dead replica's placements disappear at once instead of by TTL. On by default: a replica's
+    /// contributions should not outlive it, whatever its last decisions were. `false` keeps them until their TTL, which
+    /// is safe too, since the requests the dead replica routed did reach the engines, whose caches
+    /// still hold those blocks, and avoids the cost: every survivor fetches a full snapshot from
+    /// every other, and live peers' placements are missing here until those arrive. Its load and
+    /// health shares are always dropped at once.
     pub forget_dead_peer_placements: bool,
 }
 
@@ -109,7 +111,7 @@ impl Default for GossipConfig {
             max_pending_hashes: 1 << 20,
             snapshot_bytes_per_s: 8 * 1024 * 1024,
             max_clock_skew_ms: 30_000,
-            forget_dead_peer_placements: false,
+            forget_dead_peer_placements: true,
         }
     }
 }

@@ -405,8 +405,9 @@ impl Inner {
         tracing::info!(addr = %id.addr, node = format_args!("{:016x}", id.node), "gossip: member down");
         self.recompute_aggregate();
         if self.cfg.forget_dead_peer_placements {
-            // The index does not attribute peer entries to a peer: drop them all and re-fetch the
-            // live peers' own predictions.
+            // Neither the index nor the checkpoint store attributes peer entries to a peer: drop
+            // them all and re-fetch the live peers' own predictions (snapshots carry full hashes).
+            self.checkpoints.clear();
             for inst in self.directory.ids() {
                 self.store.clear_peer(inst);
             }

@@ -189,13 +189,15 @@ async fn restarted_replica_catches_up_from_snapshots() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_replicas_placements_can_be_forgotten_at_once() {
+/// A, B, C with `forget_dead_peer_placements` (the default) at `stride`; C dies. With stride 16,
+/// C's checkpoints reach A and are left unmaterialized, so forgetting must drop them too.
+async fn forget_dead_replica(stride: usize) {
     let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
     let cfg = |seeds: &[SocketAddr]| kvgate_gossip::GossipConfig {
-        forget_dead_peer_placements: true,
+        checkpoint_stride: stride,
         ..fast_config(seeds)
     };
+    assert!(cfg(&[]).forget_dead_peer_placements, "the default");
     let a = Node::start(any, cfg(&[]), false).await;
     let b = Node::start(any, cfg(&[a.addr]), true).await;
     let c = Node::start(any, cfg(&[a.addr]), false).await;
@@ -209,23 +211,59 @@ async fn dead_replicas_placements_can_be_forgotten_at_once() {
     let from_c = chain(61, 80);
     b.decide(0, &from_b);
     c.decide(1, &from_c);
-    assert!(
-        wait_until(CONVERGE, || a.holds(0, &from_b) == 80
-            && a.holds(1, &from_c) == 80)
-        .await
-    );
+    // Received by A (every batch C and B sent), without materializing anything.
+    let received = |from: &Node| {
+        let sent = from.gossip.cluster_status().batches_sent;
+        let addr = from.addr.to_string();
+        a.gossip
+            .cluster_status()
+            .members
+            .iter()
+            .any(|m| m.addr == addr && m.next_seq.is_some_and(|n| n >= sent) && sent > 0)
+    };
+    assert!(wait_until(CONVERGE, || received(&b) && received(&c)).await);
     c.gossip.shutdown().await;
     // C's placements vanish from A; B's are re-fetched and stay.
+    assert!(wait_until(CONVERGE, || a.gossip.live_peers() == 1).await);
     let ok = wait_until(CONVERGE, || {
-        a.gossip.live_peers() == 1 && a.holds(1, &from_c) == 0 && a.holds(0, &from_b) == 80
+        a.holds(1, &from_c) == 0 && a.holds(0, &from_b) == 80
     })
     .await;
     assert!(
         ok,
-        "dead replica's placements not forgotten, or live one's lost"
+        "dead replica's placements not forgotten, or live one's lost (stride {stride})"
     );
     a.gossip.shutdown().await;
     b.gossip.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_replicas_placements_are_forgotten_at_once() {
+    forget_dead_replica(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_replicas_unmaterialized_checkpoints_are_forgotten_too() {
+    forget_dead_replica(16).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_replicas_placements_can_be_kept_until_their_ttl() {
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let cfg = |seeds: &[SocketAddr]| kvgate_gossip::GossipConfig {
+        forget_dead_peer_placements: false,
+        ..fast_config(seeds)
+    };
+    let a = Node::start(any, cfg(&[]), false).await;
+    let c = Node::start(any, cfg(&[a.addr]), false).await;
+    assert!(wait_until(CONVERGE, || a.gossip.live_peers() == 1).await);
+    let from_c = chain(62, 80);
+    c.decide(1, &from_c);
+    assert!(wait_until(CONVERGE, || a.holds(1, &from_c) == 80).await);
+    c.gossip.shutdown().await;
+    assert!(wait_until(CONVERGE, || a.gossip.live_peers() == 0).await);
+    assert_eq!(a.holds(1, &from_c), 80, "kept until their TTL");
+    a.gossip.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
