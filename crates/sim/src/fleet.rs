@@ -271,9 +271,18 @@ impl Fleet {
 
     /// Stops every engine.
     pub async fn shutdown(self) {
-        for e in self.engines {
-            e.shutdown().await;
-        }
+        self.shutdown_checked().await;
+    }
+
+    /// Stops every engine, all at once; returns how many engine loops failed to stop within
+    /// [`crate::server::LOOP_STOP_TIMEOUT`] (0 on a clean shutdown).
+    pub async fn shutdown_checked(self) -> usize {
+        let stops = self.engines.into_iter().map(RunningEngine::shutdown);
+        futures_util::future::join_all(stops)
+            .await
+            .into_iter()
+            .filter(|stopped| !stopped)
+            .count()
     }
 }
 

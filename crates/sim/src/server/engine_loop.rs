@@ -5,6 +5,11 @@
 //! KV events as one batch → refresh the metrics snapshot. Idle engines block on the command
 //! channel and use no CPU.
 //!
+//! Stopping: [`Core::stop`] ends the loop at once, whether it is idle or sleeping through a step;
+//! requests still in flight or queued are marked [`status::ABORTED`] so their handlers finish.
+//! The loop cannot rely on the command channel closing, because [`Core`] (which it shares with the
+//! handlers) holds the sender.
+//!
 //! Invariants: the model is owned by this task only; handlers see per-request [`ReqState`]
 //! (counters + `Notify`, no queue, so nothing grows with a slow client); a request whose handler
 //! is gone (client disconnected) is aborted at the next step, freeing its blocks; virtual time is
@@ -18,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot, Notify};
+use tokio_util::sync::CancellationToken;
 
 use super::faults::Faults;
 use super::metrics::Snapshot;
@@ -71,6 +77,8 @@ pub struct Core {
     pub snapshot: Mutex<Snapshot>,
     /// Current faults.
     pub faults: Mutex<Faults>,
+    /// Cancelled to stop the loop (see the module doc).
+    pub stop: CancellationToken,
 }
 
 /// How far (virtual µs) the engine may fall behind the wall clock before it skips ahead: catching
@@ -82,7 +90,7 @@ struct Inflight {
     arrival_v: u64,
 }
 
-/// Runs until every command sender is dropped.
+/// Runs until `core.stop` is cancelled or every command sender is dropped.
 pub async fn run(
     mut model: EngineModel,
     core: Arc<Core>,
@@ -101,7 +109,12 @@ pub async fn run(
     let mut vclock: u64 = 0;
     loop {
         if model.is_idle() {
-            match rx.recv().await {
+            let next = tokio::select! {
+                biased;
+                _ = core.stop.cancelled() => None,
+                c = rx.recv() => c,
+            };
+            match next {
                 None => break,
                 Some(c) => {
                     handle(
@@ -153,7 +166,11 @@ pub async fn run(
         let end_v = t0 + ((out.end_us.saturating_sub(t0)) as f64 * slow) as u64;
         vclock = end_v;
         let wake = epoch + Duration::from_secs_f64(end_v as f64 / 1e6 / scale);
-        tokio::time::sleep_until(wake.into()).await;
+        tokio::select! {
+            biased;
+            _ = core.stop.cancelled() => break,
+            _ = tokio::time::sleep_until(wake.into()) => {}
+        }
         let t_end = end_v;
         let mut snap_ttfts = Vec::with_capacity(out.first_tokens.len());
         for (id, cached) in &out.first_tokens {
@@ -206,6 +223,21 @@ pub async fn run(
         }
         snap.request_success += succeeded;
     }
+    // Nothing will run any more: release every waiting handler, queued submissions included.
+    rx.close();
+    while let Ok(c) = rx.try_recv() {
+        if let Cmd::Submit(_, _, state) = c {
+            abort_state(&state);
+        }
+    }
+    for (_, f) in inflight.drain() {
+        abort_state(&f.state);
+    }
+}
+
+fn abort_state(state: &ReqState) {
+    state.status.store(status::ABORTED, Ordering::Release);
+    state.notify.notify_one();
 }
 
 async fn handle(
@@ -246,8 +278,7 @@ async fn handle(
         Cmd::Restart(tx) => {
             model.restart();
             for (_, f) in inflight.drain() {
-                f.state.status.store(status::ABORTED, Ordering::Release);
-                f.state.notify.notify_one();
+                abort_state(&f.state);
             }
             if let Some(p) = publisher {
                 p.restart().await;

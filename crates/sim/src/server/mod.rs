@@ -47,6 +47,9 @@ pub enum Flavour {
     Sglang,
 }
 
+/// How long [`RunningEngine::shutdown`] waits for the engine loop to end.
+pub const LOOP_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
@@ -156,6 +159,7 @@ impl RunningEngine {
             cmd_tx,
             snapshot: Mutex::new(Snapshot::default()),
             faults: Mutex::new(cfg.faults.sanitised()),
+            stop: tokio_util::sync::CancellationToken::new(),
         });
         let model = EngineModel::new(cfg.params.clone());
         core.snapshot.lock().update(&model);
@@ -195,17 +199,20 @@ impl RunningEngine {
         })
     }
 
-    /// Stops the server (cutting open connections), the loop and the publisher.
-    pub async fn shutdown(self) {
+    /// Stops the server, the loop and the publisher. Requests still in flight end as aborted.
+    /// Returns whether the loop stopped within [`LOOP_STOP_TIMEOUT`] (it always should; `false`
+    /// is also logged).
+    pub async fn shutdown(self) -> bool {
+        // The loop is told directly: the handlers' state (and open connections' copies of it)
+        // keeps the command channel open, so waiting for it to close would wait forever.
+        self.state.core.stop.cancel();
         self.server.abort();
         let _ = self.server.await;
-        // Handlers are gone; the loop ends once the last command sender (in the state) drops.
         drop(self.state);
-        let engine = self.engine;
-        if tokio::time::timeout(std::time::Duration::from_secs(2), engine)
+        let stopped = tokio::time::timeout(LOOP_STOP_TIMEOUT, self.engine)
             .await
-            .is_err()
-        {
+            .is_ok();
+        if !stopped {
             tracing::warn!("engine loop did not stop in time");
         }
         if let Some(p) = self.publisher {
@@ -213,5 +220,6 @@ impl RunningEngine {
                 p.shutdown().await;
             }
         }
+        stopped
     }
 }

@@ -227,8 +227,12 @@ async fn full_response(ctx: Ctx, state: Arc<ReqState>, fl: super::Flavour) -> Re
                 .into_response()
             }
             status::ABORTED => {
-                return ApiError::new(fl, StatusCode::INTERNAL_SERVER_ERROR, "engine restarted")
-                    .into_response()
+                return ApiError::new(
+                    fl,
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "engine restarted or stopped",
+                )
+                .into_response()
             }
             _ => notified.await,
         }
@@ -282,7 +286,7 @@ fn stream_response(ctx: Ctx, state: Arc<ReqState>, fl: super::Flavour) -> Respon
                 if st == status::ABORTED {
                     drop(notified);
                     let e: Result<Bytes, std::io::Error> =
-                        Err(std::io::Error::other("engine restarted"));
+                        Err(std::io::Error::other("engine restarted or stopped"));
                     return Some((e, (ctx, state, emitted, Phase::Ended)));
                 }
                 if st == status::REJECTED {
