@@ -251,8 +251,23 @@ impl Config {
                 "must be >= 0",
             ));
         }
-        if !(rc.gain > 0.0 && rc.gain <= 1.0) {
-            return Err(invalid("routing.rates.gain", "must be in (0, 1]"));
+        if !(rc.forgetting >= 0.5 && rc.forgetting <= 1.0) {
+            return Err(invalid("routing.rates.forgetting", "must be in [0.5, 1]"));
+        }
+        if !(rc.pool_weight.is_finite() && rc.pool_weight >= 0.0) {
+            return Err(invalid("routing.rates.pool_weight", "must be >= 0"));
+        }
+        if !(rc.outlier_clip.is_finite() && rc.outlier_clip > 0.0) {
+            return Err(invalid("routing.rates.outlier_clip", "must be > 0"));
+        }
+        if !(rc.overhead_ms.is_finite()
+            && rc.overhead_ms >= 0.0
+            && rc.overhead_ms <= rc.max_overhead_ms)
+        {
+            return Err(invalid(
+                "routing.rates.overhead_ms",
+                "must be >= 0 and <= max_overhead_ms",
+            ));
         }
         if !(rc.min_prefill_tokens_per_s > 0.0
             && rc.min_prefill_tokens_per_s <= rc.max_prefill_tokens_per_s)
