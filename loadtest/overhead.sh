@@ -8,16 +8,19 @@
 # $DURATION each. Prints a Markdown table with kvgate/nginx throughput ratios and the p50 latency
 # each proxy adds over the direct path.
 #
-# Usage: loadtest/overhead.sh [--duration 10s] [--policy round_robin|kvgate|...]
+# Usage: loadtest/overhead.sh [--duration 10s] [--policy round_robin|kvgate|...] [--bin PATH]
+# (--bin measures an already built kvgate binary instead of building the release one.)
 # Needs: wrk and nginx (installed from Debian when missing, as root), cargo.
 set -euo pipefail
 
 DURATION=10s
 POLICY=round_robin
+BIN=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --duration) DURATION="$2"; shift 2 ;;
         --policy) POLICY="$2"; shift 2 ;;
+        --bin) BIN="$2"; shift 2 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -35,8 +38,11 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
-echo "building kvgate (release)" >&2
-cargo build --release --bin kvgate -q
+if [ -z "$BIN" ]; then
+    echo "building kvgate (release)" >&2
+    cargo build --release --bin kvgate -q
+    BIN="$ROOT/target/release/kvgate"
+fi
 
 WORK=$(mktemp -d /tmp/kvgate-overhead.XXXXXX)
 PIDS=()
@@ -97,7 +103,7 @@ PIDS+=($!)
     echo "model = \"m\""
     for p in "${B[@]}"; do echo "[[pools.instances]]"; echo "url = \"http://127.0.0.1:$p\""; done
 } >"$WORK/kvgate.toml"
-"$ROOT/target/release/kvgate" --config "$WORK/kvgate.toml" &
+"$BIN" --config "$WORK/kvgate.toml" &
 PIDS+=($!)
 
 for _ in $(seq 1 100); do

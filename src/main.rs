@@ -22,6 +22,10 @@ struct Cli {
     /// Log format: human or json, overriding config and KVGATE_LOG_FORMAT.
     #[arg(long)]
     log_format: Option<LogFormat>,
+    /// Threads serving client connections (each runs its own single-threaded runtime and upstream
+    /// connection pools); default: one per available core.
+    #[arg(long)]
+    threads: Option<usize>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -148,7 +152,12 @@ async fn run() -> Result<()> {
         return healthcheck(&cfg, addr);
     }
     init_logging(&cfg)?;
-    serve(cfg).await
+    let threads = cli.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    serve(cfg, threads).await
 }
 
 /// Starts the embedded simulated fleet and turns it into one pool.
@@ -187,7 +196,7 @@ async fn start_embedded(cfg: &mut Config) -> Result<kvgate_sim::Fleet> {
     Ok(fleet)
 }
 
-async fn serve(mut cfg: Config) -> Result<()> {
+async fn serve(mut cfg: Config, threads: usize) -> Result<()> {
     let embedded = if cfg.pools.is_empty() {
         let fleet = start_embedded(&mut cfg).await?;
         tracing::warn!(
@@ -223,7 +232,7 @@ async fn serve(mut cfg: Config) -> Result<()> {
             model = state.fleet.pools()[0].model,
         );
     }
-    kvgate::app::run(listener, state, shutdown_signal()).await?;
+    kvgate::proxy::server::run(listener, state, threads, shutdown_signal()).await?;
     if let Some(f) = embedded {
         f.shutdown().await;
     }

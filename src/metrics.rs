@@ -233,6 +233,25 @@ pub fn record_ejection(instance: &str) {
     counter!(EJECTIONS, "instance" => instance.to_string()).increment(1);
 }
 
+/// Handles of one (policy, reason) pair, as [`record_decision`] caches them.
+struct DecisionHandles {
+    key: (usize, usize, usize, usize),
+    decisions: Counter,
+    duration: Histogram,
+    /// Registered on the first ratio, so a policy that never reports one exports no series.
+    ratio: Option<Histogram>,
+}
+
+/// Bound on the per-thread cache of decision handles (policies × reasons is small and fixed).
+const DECISION_CACHE_CAP: usize = 64;
+
+thread_local! {
+    /// Per-thread handles for [`record_decision`], keyed by the label strings' addresses, so the
+    /// request path does no registry lookup (label hashing, allocation, a sharded lock).
+    static DECISION_CACHE: std::cell::RefCell<Vec<DecisionHandles>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// One routing decision.
 pub fn record_decision(
     policy: &'static str,
@@ -240,9 +259,45 @@ pub fn record_decision(
     matched_ratio: Option<f64>,
     seconds: f64,
 ) {
-    counter!(DECISIONS, "policy" => policy, "reason" => reason).increment(1);
-    histogram!(DECISION_DURATION, "policy" => policy).record(seconds);
-    if let Some(r) = matched_ratio {
-        histogram!(MATCHED_PREFIX_RATIO, "policy" => policy).record(r);
+    // Handles taken before the recorder exists would stay no-ops forever: cache only after.
+    if !HANDLE.get().is_some_and(|h| h.is_ok()) {
+        counter!(DECISIONS, "policy" => policy, "reason" => reason).increment(1);
+        histogram!(DECISION_DURATION, "policy" => policy).record(seconds);
+        if let Some(r) = matched_ratio {
+            histogram!(MATCHED_PREFIX_RATIO, "policy" => policy).record(r);
+        }
+        return;
     }
+    let key = (
+        policy.as_ptr() as usize,
+        policy.len(),
+        reason.as_ptr() as usize,
+        reason.len(),
+    );
+    DECISION_CACHE.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        let i = match cache.iter().position(|h| h.key == key) {
+            Some(i) => i,
+            None => {
+                if cache.len() >= DECISION_CACHE_CAP {
+                    cache.clear();
+                }
+                cache.push(DecisionHandles {
+                    key,
+                    decisions: counter!(DECISIONS, "policy" => policy, "reason" => reason),
+                    duration: histogram!(DECISION_DURATION, "policy" => policy),
+                    ratio: None,
+                });
+                cache.len() - 1
+            }
+        };
+        let h = &mut cache[i];
+        h.decisions.increment(1);
+        h.duration.record(seconds);
+        if let Some(r) = matched_ratio {
+            h.ratio
+                .get_or_insert_with(|| histogram!(MATCHED_PREFIX_RATIO, "policy" => policy))
+                .record(r);
+        }
+    });
 }

@@ -78,6 +78,33 @@ fn hex_into(out: &mut [u8], mut v: u64) {
     }
 }
 
+/// `v` with one decimal, like `format!("{v:.1}")` but without the formatting machinery or an
+/// allocation for ordinary values (exact halves may round away from zero instead of to even).
+pub fn one_decimal(v: f64) -> Option<HeaderValue> {
+    if !v.is_finite() || v.abs() >= 1e15 {
+        return HeaderValue::from_str(&format!("{v:.1}")).ok();
+    }
+    let tenths = (v.abs() * 10.0).round() as u64;
+    let mut buf = [0u8; 24];
+    let mut i = buf.len() - 2;
+    buf[i + 1] = b'0' + (tenths % 10) as u8;
+    buf[i] = b'.';
+    let mut n = tenths / 10;
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if v < 0.0 && tenths != 0 {
+        i -= 1;
+        buf[i] = b'-';
+    }
+    HeaderValue::from_bytes(&buf[i..]).ok()
+}
+
 /// True when `Content-Type` is JSON (`application/json`, optionally with parameters).
 pub fn is_json(headers: &HeaderMap) -> Result<(), String> {
     match headers.get(header::CONTENT_TYPE) {
@@ -131,6 +158,26 @@ mod tests {
         assert!(is_json(&h).is_ok());
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         assert!(is_json(&h).is_err());
+    }
+
+    #[test]
+    fn one_decimal_matches_format() {
+        for v in [
+            0.0,
+            0.04,
+            0.06,
+            1.0,
+            9.96,
+            12.34,
+            99.99,
+            1234.5678,
+            -3.21,
+            1e14 + 0.3,
+        ] {
+            let want = format!("{v:.1}");
+            assert_eq!(one_decimal(v).unwrap(), want.as_str(), "{v}");
+        }
+        assert_eq!(one_decimal(f64::INFINITY).unwrap(), "inf");
     }
 
     #[test]

@@ -12,6 +12,7 @@
 pub mod body;
 pub mod headers;
 pub mod parse;
+pub mod server;
 
 use crate::app::AppState;
 use crate::client::SendError;
@@ -151,6 +152,14 @@ async fn forward(
         *up.method_mut() = Method::POST;
         *up.uri_mut() = inst.uri_with(path_and_query.clone())?;
         *up.headers_mut() = up_headers.clone();
+        // Set here from the instance's authority: the client would otherwise format it per request.
+        if let Some(Ok(host)) = up
+            .uri()
+            .authority()
+            .map(|a| HeaderValue::from_str(a.as_str()))
+        {
+            up.headers_mut().insert(header::HOST, host);
+        }
         let sent = Instant::now();
         match state.client.send(up, first_byte).await {
             Ok(resp) => {
@@ -226,7 +235,7 @@ fn relay(
         headers::X_MATCHED_BLOCKS,
         HeaderValue::from(routed.matched_blocks),
     );
-    if let Ok(v) = HeaderValue::from_str(&format!("{:.1}", routed.predicted_cost_ms)) {
+    if let Some(v) = headers::one_decimal(routed.predicted_cost_ms) {
         parts.headers.insert(headers::X_PREDICTED_TTFT, v);
     }
     let tracker = Tracker::new(

@@ -1,0 +1,263 @@
+//! Thread-per-core serving for the binary: one acceptor hands every accepted connection to one of
+//! N single-threaded runtimes, which serve it to its end.
+//!
+//! Why: on a connection's thread the request, its routing, the upstream exchange (the upstream
+//! client keeps one connection pool per thread, see [`crate::client`]) and the relayed response
+//! all run without cross-thread wake-ups or work stealing, which on a small machine cost more than
+//! the proxy's own work.
+//!
+//! Invariants:
+//! - A connection is assigned to a worker once, round-robin at accept, and never migrates.
+//! - Background tasks and gossip run on the caller's runtime, exactly as with [`crate::app::run`].
+//! - Shutdown: the acceptor stops accepting, every worker drains its connections for up to
+//!   `server.shutdown_grace_ms`, then drops what is left; [`run`] returns once every worker exited.
+
+use crate::app::{self, AppState};
+use axum::serve::Listener;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Receives connections accepted elsewhere and registers them with the current runtime.
+struct Handoff {
+    rx: mpsc::UnboundedReceiver<std::net::TcpStream>,
+    local: SocketAddr,
+}
+
+impl Listener for Handoff {
+    type Io = TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (TcpStream, SocketAddr) {
+        loop {
+            let Some(std) = self.rx.recv().await else {
+                // The acceptor is gone: shutdown is under way and ends this worker's serve loop.
+                std::future::pending::<()>().await;
+                continue;
+            };
+            let Ok(stream) = TcpStream::from_std(std) else {
+                continue;
+            };
+            let peer = stream.peer_addr().unwrap_or(self.local);
+            return (stream, peer);
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        Ok(self.local)
+    }
+}
+
+/// Serves `state` on `listener` with `threads` single-threaded worker runtimes until `shutdown`
+/// resolves, then drains for the grace period. Must be called from within a Tokio runtime, which
+/// runs the acceptor and the background tasks.
+pub async fn run(
+    listener: TcpListener,
+    state: AppState,
+    threads: usize,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let threads = threads.max(1);
+    let local = listener.local_addr()?;
+    let token = CancellationToken::new();
+    let gossip = app::start_gossip(&state).await?;
+    let background = app::spawn_background(&state, token.clone());
+    let grace = Duration::from_millis(state.config.server.shutdown_grace_ms);
+
+    let mut senders = Vec::with_capacity(threads);
+    let mut workers = Vec::with_capacity(threads);
+    for i in 0..threads {
+        let (tx, rx) = mpsc::unbounded_channel();
+        senders.push(tx);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (state, stop) = (state.clone(), token.clone());
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name(format!("kvgate-io-{i}"))
+            .spawn(move || {
+                rt.block_on(worker(Handoff { rx, local }, state, stop, grace));
+                // Connections still open after the grace period are dropped with the runtime.
+                drop(rt);
+                let _ = done_tx.send(());
+            })?;
+        workers.push(done_rx);
+    }
+
+    let accept = async {
+        let mut next = 0usize;
+        loop {
+            let (stream, _) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of descriptors and the like: back off instead of spinning.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let Ok(std) = stream.into_std() else { continue };
+            if senders[next % threads].send(std).is_err() {
+                tracing::warn!("serving thread {} is gone", next % threads);
+            }
+            next = next.wrapping_add(1);
+        }
+    };
+    tokio::select! {
+        _ = accept => {}
+        _ = shutdown => {}
+    }
+    tracing::info!("shutdown requested: no new connections; draining in-flight requests");
+    drop(listener);
+    drop(senders);
+    token.cancel();
+    for done in workers {
+        let _ = done.await;
+    }
+    for h in background {
+        h.abort();
+    }
+    if let Some(g) = gossip {
+        g.shutdown().await;
+    }
+    Ok(())
+}
+
+/// One worker: serves the connections handed to it until shutdown, then drains for `grace`.
+async fn worker(listener: Handoff, state: AppState, token: CancellationToken, grace: Duration) {
+    let anchor = tokio::spawn(timer_anchor());
+    let stop = token.clone();
+    let serve = axum::serve(listener, app::router(state))
+        .with_graceful_shutdown(async move { stop.cancelled().await });
+    tokio::select! {
+        r = serve => {
+            if let Err(e) = r {
+                tracing::warn!("serving thread failed: {e}");
+            }
+        }
+        _ = async { token.cancelled().await; tokio::time::sleep(grace).await } => {
+            tracing::warn!("shutdown grace period of {} ms elapsed; dropping remaining requests", grace.as_millis());
+        }
+    }
+    anchor.abort();
+}
+
+/// Keeps a timer due within a second pending on this thread for as long as it serves.
+///
+/// Why: Tokio's timer wakes the thread's I/O driver (an eventfd write and a spurious `epoll_wait`)
+/// whenever a new timer is due before every pending one. Each request arms a first-byte and an
+/// idle timeout, minutes away by default; with this earlier timer always pending, arming them
+/// costs no system call.
+async fn timer_anchor() {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, InstanceConfig, PoolConfig};
+    use axum::body::Body;
+    use futures::StreamExt;
+
+    /// An upstream answering every chat request with three SSE events 100 ms apart.
+    async fn upstream() -> String {
+        let app = axum::Router::new()
+            .route(
+                "/v1/chat/completions",
+                axum::routing::post(|| async {
+                    let events = futures::stream::iter(0..3).then(|i| async move {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        Ok::<_, std::io::Error>(bytes::Bytes::from(format!("data: {i}\n\n")))
+                    });
+                    http::Response::builder()
+                        .header("content-type", "text/event-stream")
+                        .body(Body::from_stream(events))
+                        .unwrap()
+                }),
+            )
+            .route("/health", axum::routing::get(|| async { "ok" }));
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, app).await });
+        format!("http://{addr}")
+    }
+
+    fn config(url: String) -> Config {
+        let mut c = Config::default();
+        c.server.shutdown_grace_ms = 5_000;
+        c.pools = vec![PoolConfig {
+            model: "m".into(),
+            block_size: None,
+            tokenizer: None,
+            chat_template: None,
+            flavour: Default::default(),
+            instances: vec![InstanceConfig {
+                name: Some("u".into()),
+                url,
+                kv_events: None,
+                kv_replay: None,
+                kv_topic: None,
+                capacity_blocks: None,
+            }],
+        }];
+        c
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn serves_on_worker_threads_and_drains_streams_on_shutdown() {
+        let state = AppState::new(config(upstream().await)).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(run(listener, state, 2, async {
+            let _ = stopped.await;
+        }));
+        let url = format!("http://{addr}/v1/chat/completions");
+        let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+        let post = |c: &reqwest::Client| {
+            c.post(&url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+        };
+
+        // Four connections: round-robin puts two on each serving thread; all answer in full.
+        let clients: Vec<reqwest::Client> = (0..4).map(|_| reqwest::Client::new()).collect();
+        let answers = futures::future::join_all(clients.iter().map(|c| async {
+            let resp = post(c).await.unwrap();
+            assert_eq!(resp.status(), 200);
+            assert!(resp.headers().contains_key("x-request-id"));
+            resp.text().await.unwrap()
+        }))
+        .await;
+        for a in answers {
+            assert_eq!(a, "data: 0\n\ndata: 1\n\ndata: 2\n\n");
+        }
+
+        // A stream under way when shutdown starts is relayed to its end.
+        let c = reqwest::Client::new();
+        let mut resp = post(&c).await.unwrap();
+        let first = resp.chunk().await.unwrap().unwrap();
+        assert_eq!(&first[..], b"data: 0\n\n");
+        stop.send(()).unwrap();
+        let mut rest = Vec::new();
+        while let Some(chunk) = resp.chunk().await.unwrap() {
+            rest.extend_from_slice(&chunk);
+        }
+        assert_eq!(rest, b"data: 1\n\ndata: 2\n\n");
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("server stops after draining")
+            .unwrap()
+            .unwrap();
+        // Stopped: no new connections.
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    }
+}
