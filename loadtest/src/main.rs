@@ -5,6 +5,11 @@ mod cli;
 
 use clap::Parser;
 
+// The simulators (offline and the in-process fleets) make many small short-lived allocations per
+// engine step and per KV event; mimalloc is markedly faster at them than the system allocator.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     let args = cli::Cli::parse();
     tracing_subscriber::fmt()

@@ -15,7 +15,7 @@ use super::engine_loop::FleetSpec;
 use super::policies::{apply_overrides, resolve_policies};
 use super::result::{PolicyResult, References};
 use super::router::{nominal_rates, IndexMode, RouterSettings};
-use super::runner::{run_with_references, OfflineConfig};
+use super::runner::{references, run_policies, run_with_references, OfflineConfig};
 use super::utilisation::{find_speed_up, SpeedUpFit};
 use super::workload::Workload;
 use super::OfflineError;
@@ -224,22 +224,40 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
             .jobs
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
     };
-    let (speed_up, fit) = match (args.speed_up, args.target_utilisation) {
-        (Some(s), _) => (s, None),
+    let with_floor = !args.no_floor;
+    let (speed_up, fit, early_refs) = match (args.speed_up, args.target_utilisation) {
+        (Some(s), _) => (s, None, None),
         (None, Some(u)) => {
-            let fit = find_speed_up(&base, &cfg, u, 0.01, 10)?;
+            // The search is sequential; the references depend on the requests' order only, not
+            // their arrival times, so they are computed meanwhile on another worker.
+            let (fit, refs) = if cfg.jobs >= 2 {
+                std::thread::scope(|sc| {
+                    let refs = sc.spawn(|| references(&base, &cfg.fleet, with_floor));
+                    let fit = find_speed_up(&base, &cfg, u, 0.01, 10);
+                    let refs = refs.join().unwrap_or_else(|_| {
+                        Err(OfflineError::Param("the references worker panicked".into()))
+                    });
+                    (fit, Some(refs))
+                })
+            } else {
+                (find_speed_up(&base, &cfg, u, 0.01, 10), None)
+            };
+            let fit = fit?;
             eprintln!(
                 "round_robin reaches {:.1} % utilisation at speed-up {:.3} ({} probes)",
                 fit.utilisation * 100.0,
                 fit.speed_up,
                 fit.probes.len()
             );
-            (fit.speed_up, Some(fit))
+            (fit.speed_up, Some(fit), refs.transpose()?)
         }
-        (None, None) => (1.0, None),
+        (None, None) => (1.0, None, None),
     };
     let workload = base.rescaled(speed_up)?;
-    let (results, references) = run_with_references(&workload, &cfg, &policies, !args.no_floor)?;
+    let (results, references) = match early_refs {
+        Some(refs) => (run_policies(&workload, &cfg, &policies)?, refs),
+        None => run_with_references(&workload, &cfg, &policies, with_floor)?,
+    };
     let report = OfflineReport {
         params: RunParams {
             trace: args.trace.display().to_string(),

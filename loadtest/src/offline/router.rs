@@ -33,6 +33,10 @@ pub enum IndexMode {
     Events,
     /// Both, as in production with KV events enabled.
     Both,
+    /// No placement index: every candidate is reported with no cached blocks. Routing is then
+    /// cache-blind, so this is only faithful for policies that never read the index (round robin,
+    /// whose utilisation probes use it to skip all index work).
+    Off,
 }
 
 impl std::str::FromStr for IndexMode {
@@ -42,7 +46,10 @@ impl std::str::FromStr for IndexMode {
             "predicted" => Ok(Self::Predicted),
             "events" => Ok(Self::Events),
             "both" => Ok(Self::Both),
-            other => Err(format!("expected predicted, events or both, got `{other}`")),
+            "off" => Ok(Self::Off),
+            other => Err(format!(
+                "expected predicted, events, both or off, got `{other}`"
+            )),
         }
     }
 }
@@ -55,6 +62,10 @@ impl IndexMode {
     /// Whether engine KV events are applied.
     pub fn uses_events(self) -> bool {
         matches!(self, Self::Events | Self::Both)
+    }
+    /// Whether the placement index is consulted at all.
+    pub fn is_on(self) -> bool {
+        self != Self::Off
     }
 }
 
@@ -208,11 +219,13 @@ impl SimRouter {
 
     /// Routes request number `id`.
     pub fn route(&mut self, id: usize, req: &OfflineRequest, now: Millis) -> Routed {
-        if now >= self.next_expire_ms {
-            self.index.expire(now);
-            self.next_expire_ms = now + self.settings.expire_interval_ms.max(1);
+        if self.settings.index_mode.is_on() {
+            if now >= self.next_expire_ms {
+                self.index.expire(now);
+                self.next_expire_ms = now + self.settings.expire_interval_ms.max(1);
+            }
+            self.index.match_prefix(&req.blocks, now, &mut self.matches);
         }
-        self.index.match_prefix(&req.blocks, now, &mut self.matches);
         render_text(
             &req.blocks,
             req.prompt_tokens,
@@ -384,6 +397,8 @@ mod tests {
     fn index_mode_parses() {
         assert_eq!("both".parse::<IndexMode>(), Ok(IndexMode::Both));
         assert!("x".parse::<IndexMode>().is_err());
+        assert_eq!("off".parse::<IndexMode>(), Ok(IndexMode::Off));
+        assert!(!IndexMode::Off.predicts() && !IndexMode::Off.uses_events());
         assert!(IndexMode::Predicted.predicts() && !IndexMode::Predicted.uses_events());
         assert!(IndexMode::Events.uses_events() && !IndexMode::Events.predicts());
     }

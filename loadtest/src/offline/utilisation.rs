@@ -7,9 +7,13 @@
 //! leaves the bracket.
 //!
 //! Invariants: bounded by `max_iters` simulations; deterministic (each probe is a seeded run).
+//! Probes run without a placement index ([`IndexMode::Off`]): round robin's choices never read
+//! it and utilisation comes from the engines alone, so a probe's figure is exactly that of a full
+//! run, at a fraction of the cost (index maintenance is most of a simulation's work).
 
 use serde::{Deserialize, Serialize};
 
+use super::router::IndexMode;
 use super::runner::{run_policy, OfflineConfig};
 use super::workload::Workload;
 use super::OfflineError;
@@ -58,9 +62,11 @@ pub fn find_speed_up(
             "the workload spans no time: utilisation is undefined".into(),
         ));
     }
+    let mut probe_cfg = cfg.clone();
+    probe_cfg.router.index_mode = IndexMode::Off;
     let probe = |s: f64| -> Result<Probe, OfflineError> {
         let w = base.rescaled(s)?;
-        let r = run_policy(&w, cfg, REFERENCE_POLICY)?;
+        let r = run_policy(&w, &probe_cfg, REFERENCE_POLICY)?;
         Ok(Probe {
             speed_up: s,
             utilisation: r.utilisation,
@@ -113,4 +119,70 @@ pub fn find_speed_up(
         utilisation: best.utilisation,
         probes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::offline::engine_loop::FleetSpec;
+    use crate::offline::router::RouterSettings;
+    use crate::offline::workload::OfflineRequest;
+    use kvgate_core::policy::PolicyConfig;
+    use kvgate_sim::model::EngineParams;
+
+    /// Conversations that share their history, so the index has work to do.
+    fn setup() -> (Workload, OfflineConfig) {
+        let params = EngineParams {
+            num_gpu_blocks: 600,
+            ..Default::default()
+        };
+        let mut requests = Vec::new();
+        for i in 0..240u64 {
+            let conv = i % 12;
+            let turn = i / 12;
+            let blocks: Vec<u64> = (0..(20 + 8 * turn)).map(|b| (conv << 32) | b).collect();
+            requests.push(OfflineRequest {
+                arrival_us: i * 150_000,
+                prompt_tokens: blocks.len() as u32 * params.block_size + 5,
+                output_tokens: 40 + (i % 7) as u32 * 10,
+                blocks,
+            });
+        }
+        let w = Workload {
+            requests,
+            block_tokens: params.block_size,
+        };
+        let cfg = OfflineConfig {
+            router: RouterSettings::gateway_defaults(u64::from(params.num_gpu_blocks)),
+            fleet: FleetSpec { engines: 4, params },
+            policy: PolicyConfig::default(),
+            seed: 3,
+            jobs: 1,
+        };
+        (w, cfg)
+    }
+
+    #[test]
+    fn probes_without_the_index_give_round_robin_exactly() {
+        let (w, cfg) = setup();
+        let mut off = cfg.clone();
+        off.router.index_mode = IndexMode::Off;
+        let full = run_policy(&w, &cfg, REFERENCE_POLICY).expect("full");
+        let probe = run_policy(&w, &off, REFERENCE_POLICY).expect("probe");
+        assert!(full.hit_ratio > 0.0 && full.router_best_ratio > 0.0);
+        assert_eq!(probe.router_best_ratio, 0.0);
+        assert_eq!(full.utilisation, probe.utilisation);
+        assert_eq!(full.ttft_s, probe.ttft_s);
+        assert_eq!(full.hit_ratio, probe.hit_ratio);
+        assert_eq!(full.instance_share, probe.instance_share);
+
+        let fit = find_speed_up(&w, &cfg, 0.5, 0.01, 6).expect("fit");
+        let at = run_policy(
+            &w.rescaled(fit.speed_up).expect("rescale"),
+            &cfg,
+            REFERENCE_POLICY,
+        )
+        .expect("run at the fit");
+        assert_eq!(at.utilisation, fit.utilisation);
+    }
 }

@@ -35,7 +35,10 @@ const NIL: u32 = u32::MAX;
 /// the block's token ids plus the allocation header.
 pub fn memory_per_block_bytes(block_size: u32, with_tokens: bool) -> usize {
     let map = (std::mem::size_of::<(u64, u32)>() + 1) * 8 / 7 + 1;
-    let base = std::mem::size_of::<Slot>() + map + std::mem::size_of::<u32>();
+    let base = std::mem::size_of::<Slot>()
+        + std::mem::size_of::<Option<Box<[u32]>>>()
+        + map
+        + std::mem::size_of::<u32>();
     if with_tokens {
         base + 4 * block_size as usize + 16
     } else {
@@ -43,23 +46,51 @@ pub fn memory_per_block_bytes(block_size: u32, with_tokens: bool) -> usize {
     }
 }
 
-/// One physical block slot.
+/// One physical block slot: the fields every allocation, hit and free touches, packed into 32
+/// bytes (two slots per cache line); token ids live beside, in [`BlockPool::tokens`].
 #[derive(Clone, Debug)]
 struct Slot {
     /// Engine hash when cached.
     hash: u64,
-    /// Parent hash in the chain (for CPU offload events); `None` at the chain start.
-    parent: Option<u64>,
-    /// Whether `hash` is registered in the cache map.
-    cached: bool,
+    /// Parent hash in the chain (for CPU offload events), when `has_parent`.
+    parent: u64,
     /// Running requests holding this block.
     ref_cnt: u32,
     /// Free-queue links; `NIL` when not in the queue.
     prev: u32,
     next: u32,
+    /// Whether `hash` is registered in the cache map.
+    cached: bool,
+    /// Whether `parent` is set (`false` at the chain start).
+    has_parent: bool,
     in_free: bool,
-    /// Token ids (only when the request supplied them), for offload events.
-    tokens: Option<Box<[u32]>>,
+    /// Whether the slot's entry in [`BlockPool::tokens`] is set.
+    has_tokens: bool,
+}
+
+impl Slot {
+    const EMPTY: Slot = Slot {
+        hash: 0,
+        parent: 0,
+        ref_cnt: 0,
+        prev: NIL,
+        next: NIL,
+        cached: false,
+        has_parent: false,
+        in_free: false,
+        has_tokens: false,
+    };
+
+    fn set_parent(&mut self, parent: Option<u64>) {
+        self.has_parent = parent.is_some();
+        self.parent = parent.unwrap_or(0);
+    }
+
+    fn take_parent(&mut self) -> Option<u64> {
+        let p = self.has_parent.then_some(self.parent);
+        self.has_parent = false;
+        p
+    }
 }
 
 /// A host-memory (CPU offload) copy of a block.
@@ -85,6 +116,8 @@ pub struct PrefixHit {
 pub struct BlockPool {
     block_size: u32,
     slots: Vec<Slot>,
+    /// Token ids per slot (only when the request supplied them), for offload events.
+    tokens: Vec<Option<Box<[u32]>>>,
     /// Cached free queue head / tail (head = next to be evicted).
     head: u32,
     tail: u32,
@@ -109,7 +142,8 @@ impl BlockPool {
     pub fn new(capacity: u32, block_size: u32, cpu_capacity: usize, max_events: usize) -> Self {
         let mut pool = BlockPool {
             block_size: block_size.max(1),
-            slots: Vec::with_capacity(capacity as usize),
+            slots: vec![Slot::EMPTY; capacity as usize],
+            tokens: (0..capacity).map(|_| None).collect(),
             head: NIL,
             tail: NIL,
             uncached_free: Vec::with_capacity(capacity as usize),
@@ -124,18 +158,6 @@ impl BlockPool {
             events_dropped: 0,
             evictions: 0,
         };
-        for _ in 0..capacity {
-            pool.slots.push(Slot {
-                hash: 0,
-                parent: None,
-                cached: false,
-                ref_cnt: 0,
-                prev: NIL,
-                next: NIL,
-                in_free: false,
-                tokens: None,
-            });
-        }
         // Reversed so that `pop` hands out block 0 first.
         for id in (0..capacity).rev() {
             pool.push_free(id);
@@ -274,8 +296,9 @@ impl BlockPool {
             let slot = &mut self.slots[id as usize];
             slot.ref_cnt = slot.ref_cnt.saturating_sub(1);
             if slot.ref_cnt == 0 && !slot.in_free {
-                if !slot.cached {
-                    slot.tokens = None;
+                if !slot.cached && slot.has_tokens {
+                    slot.has_tokens = false;
+                    self.tokens[id as usize] = None;
                 }
                 self.push_free(id);
             }
@@ -299,7 +322,11 @@ impl BlockPool {
         let mut prev = parent;
         for (i, (&id, &hash)) in blocks.iter().zip(hashes).enumerate() {
             let block_tokens = tokens.and_then(|t| t.get(i * bs..(i + 1) * bs));
-            if self.map.contains_key(&hash) {
+            let vacant = match self.map.entry(hash) {
+                std::collections::hash_map::Entry::Occupied(_) => None,
+                std::collections::hash_map::Entry::Vacant(v) => Some(v),
+            };
+            let Some(vacant) = vacant else {
                 // A concurrent copy: flush what we have so the event's chain stays contiguous.
                 if !stored.is_empty() {
                     self.push_event(KvEvent::BlockStored {
@@ -313,13 +340,16 @@ impl BlockPool {
                 prev = Some(hash);
                 first_parent = prev;
                 continue;
-            }
+            };
+            vacant.insert(id);
             let slot = &mut self.slots[id as usize];
             slot.hash = hash;
-            slot.parent = prev;
+            slot.set_parent(prev);
             slot.cached = true;
-            slot.tokens = block_tokens.map(|t| t.to_vec().into_boxed_slice());
-            self.map.insert(hash, id);
+            if block_tokens.is_some() || slot.has_tokens {
+                slot.has_tokens = block_tokens.is_some();
+                self.tokens[id as usize] = block_tokens.map(|t| t.to_vec().into_boxed_slice());
+            }
             if stored.is_empty() {
                 first_parent = prev;
             }
@@ -361,11 +391,14 @@ impl BlockPool {
         }
         for slot in &mut self.slots {
             slot.cached = false;
-            slot.tokens = None;
-            slot.parent = None;
+            slot.has_tokens = false;
+            slot.has_parent = false;
             slot.in_free = false;
             slot.prev = NIL;
             slot.next = NIL;
+        }
+        for t in &mut self.tokens {
+            *t = None;
         }
         self.head = NIL;
         self.tail = NIL;
@@ -409,10 +442,19 @@ impl BlockPool {
         }
         slot.cached = false;
         let hash = slot.hash;
-        let parent = slot.parent.take();
-        let tokens = slot.tokens.take();
-        if self.map.get(&hash) == Some(&id) {
-            self.map.remove(&hash);
+        let parent = slot.take_parent();
+        let tokens = if slot.has_tokens {
+            slot.has_tokens = false;
+            self.tokens[id as usize].take()
+        } else {
+            None
+        };
+        // A cached slot is the one registered under its hash (duplicates stay uncached); one
+        // probe removes it, and a mismatch (never expected) puts the other owner back.
+        if let Some(owner) = self.map.remove(&hash) {
+            if owner != id {
+                self.map.insert(hash, owner);
+            }
         }
         self.evictions += 1;
         self.push_event(KvEvent::BlockRemoved {
