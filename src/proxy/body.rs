@@ -174,15 +174,20 @@ impl Body for ProxyBody {
         let mut this = self.project();
         match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
+                let ended = this.inner.is_end_stream();
                 if frame.is_data() {
                     if !this.tracker.first_seen {
                         this.tracker.on_first_data();
                     }
-                    let deadline = tokio::time::Instant::now() + *this.idle_after;
-                    this.idle.as_mut().reset(deadline);
+                    // After the last frame there is nothing left to time (and re-arming a timer
+                    // takes the timer driver's lock twice: to insert it and to drop it).
+                    if !ended {
+                        let deadline = tokio::time::Instant::now() + *this.idle_after;
+                        this.idle.as_mut().reset(deadline);
+                    }
                 }
                 // With a known length the server stops polling after the last frame.
-                if this.inner.is_end_stream() {
+                if ended {
                     this.tracker.finish(End::Complete);
                 }
                 Poll::Ready(Some(Ok(frame)))
