@@ -1,9 +1,10 @@
 //! The task that drives one [`EngineModel`] in (scaled) real time.
 //!
 //! Loop: take commands (submit, reset, restart) → run one step at the current virtual time →
-//! sleep the step's duration × slow factor ÷ time scale → deliver tokens → publish the step's
-//! KV events as one batch → refresh the metrics snapshot. Idle engines block on the command
-//! channel and use no CPU.
+//! sleep the step's duration × slow factor ÷ time scale → refresh the metrics snapshot → deliver
+//! tokens → publish the step's KV events as one batch. Idle engines block on the command channel
+//! and use no CPU. The snapshot comes before the tokens so that a client holding a response
+//! always finds it counted in `/metrics`.
 //!
 //! Stopping: [`Core::stop`] ends the loop at once, whether it is idle or sleeping through a step;
 //! requests still in flight or queued are marked [`status::ABORTED`] so their handlers finish.
@@ -172,13 +173,28 @@ pub async fn run(
             _ = tokio::time::sleep_until(wake.into()) => {}
         }
         let t_end = end_v;
-        let mut snap_ttfts = Vec::with_capacity(out.first_tokens.len());
+        // Metrics first, then the handlers: a client that has its tokens (or its whole response)
+        // must find them counted when it reads /metrics right after.
+        {
+            let mut snap = core.snapshot.lock();
+            snap.update(&model);
+            for (id, _) in &out.first_tokens {
+                if let Some(f) = inflight.get(id) {
+                    snap.ttft
+                        .observe(t_end.saturating_sub(f.arrival_v) as f64 / 1e6);
+                }
+            }
+            snap.request_success += out
+                .finished
+                .iter()
+                .filter(|id| inflight.contains_key(id))
+                .count() as u64;
+        }
         for (id, cached) in &out.first_tokens {
             if let Some(f) = inflight.get(id) {
                 f.state.cached.store(*cached, Ordering::Relaxed);
                 f.state.first.store(true, Ordering::Relaxed);
                 f.state.produced.fetch_add(1, Ordering::Relaxed);
-                snap_ttfts.push(t_end.saturating_sub(f.arrival_v) as f64 / 1e6);
             }
         }
         for id in &out.decoded {
@@ -186,12 +202,10 @@ pub async fn run(
                 f.state.produced.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let mut succeeded = 0u64;
         for id in &out.finished {
             if let Some(f) = inflight.remove(id) {
                 f.state.status.store(status::DONE, Ordering::Release);
                 f.state.notify.notify_one();
-                succeeded += 1;
             }
         }
         for id in &out.rejected {
@@ -216,12 +230,6 @@ pub async fn run(
                 p.publish(events);
             }
         }
-        let mut snap = core.snapshot.lock();
-        snap.update(&model);
-        for t in snap_ttfts {
-            snap.ttft.observe(t);
-        }
-        snap.request_success += succeeded;
     }
     // Nothing will run any more: release every waiting handler, queued submissions included.
     rx.close();
