@@ -8,19 +8,23 @@
 # $DURATION each. Prints a Markdown table with kvgate/nginx throughput ratios and the p50 latency
 # each proxy adds over the direct path.
 #
-# Usage: loadtest/overhead.sh [--duration 10s] [--policy round_robin|kvgate|...] [--bin PATH]
-# (--bin measures an already built kvgate binary instead of building the release one.)
+# Usage: loadtest/overhead.sh [--duration 10s] [--rounds 1] [--policy round_robin|kvgate|...]
+#                              [--bin PATH]
+# --rounds N measures every cell N times, interleaving the paths, and reports medians (errors are
+# summed); --bin measures an already built kvgate binary instead of building the release one.
 # Needs: wrk and nginx (installed from Debian when missing, as root), cargo.
 set -euo pipefail
 
 DURATION=10s
 POLICY=round_robin
 BIN=""
+ROUNDS=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --duration) DURATION="$2"; shift 2 ;;
         --policy) POLICY="$2"; shift 2 ;;
         --bin) BIN="$2"; shift 2 ;;
+        --rounds) ROUNDS="$2"; shift 2 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -138,31 +142,44 @@ end
 PY
 
 declare -A RPS P50 P99 ERR
-run_cell() { # target url conns body
+run_cell() { # target url conns body: appends this round's figures to the cell's lists
     local target=$1 url=$2 conns=$3 body=$4 threads=1
     [ "$conns" -gt 1 ] && threads=2
-    local out
+    local out k="$1,$3,$4"
     out=$(wrk -t"$threads" -c"$conns" -d"$DURATION" --latency -s "$WORK/$body.lua" "$url" 2>&1 | grep '^RESULT' || true)
     read -r _ rps p50 p99 err _ <<<"${out:-RESULT 0 0 0 -1 0}"
-    RPS[$target,$conns,$body]=$rps
-    P50[$target,$conns,$body]=$p50
-    P99[$target,$conns,$body]=$p99
-    ERR[$target,$conns,$body]=$err
+    RPS[$k]="${RPS[$k]:-} $rps"
+    P50[$k]="${P50[$k]:-} $p50"
+    P99[$k]="${P99[$k]:-} $p99"
+    ERR[$k]=$(( ${ERR[$k]:-0} + err ))
     echo "  $target c=$conns $body: $rps req/s p50 ${p50}us p99 ${p99}us errors $err" >&2
 }
 
-echo "measuring ($DURATION per cell)" >&2
+# The median of a list of numbers.
+median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.1f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+echo "measuring ($DURATION per cell, $ROUNDS round(s))" >&2
 for body in small large; do
     for conns in 1 32; do
-        run_cell direct "http://127.0.0.1:${B[0]}/v1/chat/completions" "$conns" "$body"
-        run_cell nginx "http://127.0.0.1:$NGINX_PORT/v1/chat/completions" "$conns" "$body"
-        run_cell kvgate "http://127.0.0.1:$KVGATE_PORT/v1/chat/completions" "$conns" "$body"
+        # Rounds interleave the three paths, so a burst of load from elsewhere on the machine
+        # falls on all of them rather than on one; each figure is the median over the rounds.
+        for _ in $(seq 1 "$ROUNDS"); do
+            run_cell direct "http://127.0.0.1:${B[0]}/v1/chat/completions" "$conns" "$body"
+            run_cell nginx "http://127.0.0.1:$NGINX_PORT/v1/chat/completions" "$conns" "$body"
+            run_cell kvgate "http://127.0.0.1:$KVGATE_PORT/v1/chat/completions" "$conns" "$body"
+        done
+        for target in direct nginx kvgate; do
+            k="$target,$conns,$body"
+            RPS[$k]=$(median "${RPS[$k]}")
+            P50[$k]=$(median "${P50[$k]}")
+            P99[$k]=$(median "${P99[$k]}")
+        done
     done
 done
 
 ms() { awk -v u="$1" 'BEGIN { printf "%.3f", u / 1000 }'; }
 echo
-echo "kvgate overhead ($(nproc) cores, wrk $DURATION per cell, policy $POLICY, text mode)"
+echo "kvgate overhead ($(nproc) cores, wrk $DURATION per cell, median of $ROUNDS round(s), policy $POLICY, text mode)"
 echo
 echo "| body | conns | path | req/s | p50 ms | p99 ms | errors | kvgate/nginx req/s | added p50 µs |"
 echo "|---|---:|---|---:|---:|---:|---:|---:|---:|"

@@ -17,7 +17,8 @@
 //!   (health, scrapes, models, index expiry, KV events) and, when enabled, replica gossip.
 //! - [`proxy`] — the OpenAI endpoints: body read once under a limit, routing fields parsed by
 //!   borrowing ([`proxy::parse`]), original bytes forwarded, SSE relayed frame by frame
-//!   ([`proxy::body`]), retries before the first byte only.
+//!   ([`proxy::body`]), retries before the first byte only; the binary serves them
+//!   thread-per-core ([`proxy::server`]).
 //! - [`admin`] — `/health`, `/ready`, `/metrics`, `/v1/models`, `/admin/*`.
 //! - [`routing`] — the only caller of the routing core: prompt → block hashes → index match →
 //!   policy decision → prediction + load guard; keeps the decision log.
