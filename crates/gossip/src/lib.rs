@@ -42,12 +42,13 @@
 //! whatever is still missed expires by TTL or is re-learned from the engines' KV events.
 //!
 //! A replica declared dead (SWIM) or replaced by a restart stops counting at once: its load and
-//! health shares are dropped. Its predicted placements stay until their TTL by default, because
-//! the requests it routed did reach the engines, whose caches still hold those blocks; with
-//! `forget_dead_peer_placements` every peer-sourced prediction is cleared at once and re-fetched
-//! from the live peers (the index does not attribute peer entries to a particular peer), at the
-//! cost of a full snapshot between every pair of survivors. Shares of a peer that goes silent
-//! expire after `peer_ttl_ms`.
+//! health shares are dropped, and with `forget_dead_peer_placements` (the default) its placements
+//! too: every peer-sourced prediction and unmaterialized checkpoint is cleared and the live peers'
+//! are re-fetched (neither the index nor the checkpoint store attributes entries to a particular
+//! peer), at the cost of a full snapshot between every pair of survivors. Turned off, its
+//! placements stay until their TTL, which is also safe: the requests it routed did reach the
+//! engines, whose caches still hold those blocks. Shares of a peer that goes silent expire after
+//! `peer_ttl_ms`.
 //!
 //! Instances are named on the wire by [`instance_key`] (XXH3-64 of the configured name or URL),
 //! not by the per-process [`InstanceId`](kvgate_core::InstanceId).

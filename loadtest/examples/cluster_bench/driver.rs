@@ -171,8 +171,18 @@ pub async fn run(
                     }
                     Some((inst, target.index))
                 }
-                _ => {
-                    counters.failed.fetch_add(1, Ordering::Relaxed);
+                other => {
+                    // The first few failures are shown: a benchmark that fails must say why.
+                    if counters.failed.fetch_add(1, Ordering::Relaxed) < 3 {
+                        match other {
+                            Ok(r) => {
+                                let status = r.status();
+                                let text = r.text().await.unwrap_or_default();
+                                eprintln!("request failed: {status}: {text:.200}");
+                            }
+                            Err(e) => eprintln!("request failed: {e}"),
+                        }
+                    }
                     None
                 }
             };
