@@ -68,6 +68,8 @@ struct InstanceView<'a> {
     engine: Option<kvgate_core::load::EngineLoad>,
     capacity_blocks: Option<u64>,
     rates: kvgate_core::load::InstanceRates,
+    /// Learned fixed overhead before a first token, ms.
+    overhead_ms: f64,
 }
 
 /// `GET /admin/instances`: health, load and latency of every instance.
@@ -98,6 +100,7 @@ pub async fn instances(State(s): State<AppState>) -> Response {
                 }),
                 capacity_blocks: i.capacity(),
                 rates: s.routing.rates(i.id),
+                overhead_ms: s.routing.overhead_ms(i.id),
             }
         })
         .collect();

@@ -230,6 +230,11 @@ impl Routing {
         self.rates.rates(id)
     }
 
+    /// Learned fixed overhead before an instance's first token, ms.
+    pub fn overhead_ms(&self, id: InstanceId) -> f64 {
+        self.rates.overhead_ms(id)
+    }
+
     /// Hashes the request's prompt for `pool`.
     pub fn prepare(&self, pool: &Pool, input: &RouteInput<'_>) -> Result<Prepared, GatewayError> {
         let pr = &self.pools[pool.index];

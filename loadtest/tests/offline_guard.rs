@@ -9,8 +9,8 @@
 //! Workloads are generated here from a fixed seed (small: a few hundred requests on four
 //! engines), so each case takes seconds.
 
+use kvgate_core::load::RateConfig;
 use kvgate_loadtest::offline::cli::gateway_router_settings;
-use kvgate_loadtest::offline::router::nominal_rates;
 use kvgate_loadtest::offline::{
     run_policies, FleetSpec, IndexMode, OfflineConfig, PolicyResult, Workload,
 };
@@ -40,8 +40,9 @@ fn fleet(engines: usize, gpu_blocks: u32) -> FleetSpec {
 }
 
 fn config(fleet: FleetSpec, seed: u64) -> OfflineConfig {
+    // Rates as the gateway gets them: its defaults, then learned from observed TTFT.
     let mut router = gateway_router_settings(&fleet, IndexMode::Both, None, 1000);
-    router.rates = nominal_rates(&fleet.params, 4096);
+    router.learn_rates = Some(RateConfig::default());
     OfflineConfig {
         router,
         fleet,

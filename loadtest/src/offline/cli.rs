@@ -66,8 +66,9 @@ pub struct OfflineArgs {
     /// Lifetime of a predicted placement (default: the gateway's).
     #[arg(long)]
     pub predicted_ttl_ms: Option<u64>,
-    /// Instance rates the router starts from: `nominal` (calibrated to the engine model, as an
-    /// operator would configure them) or `gateway` (the gateway's uncalibrated defaults).
+    /// Instance rates the router uses: `nominal` (calibrated to the engine model, as an operator
+    /// would configure them), `gateway` (the gateway's uncalibrated defaults) or `learned` (the
+    /// gateway's defaults, then learned from observed time to first token, as the gateway does).
     #[arg(long, default_value = "nominal")]
     pub rates: RatesMode,
     /// Index entry bound per instance as a multiple of the engine's GPU + CPU blocks.
@@ -100,6 +101,9 @@ pub enum RatesMode {
     Nominal,
     /// The gateway's configured defaults.
     Gateway,
+    /// Learned from each request's time to first token from the gateway's defaults, as the
+    /// gateway does (`[routing.rates]` defaults).
+    Learned,
 }
 
 /// Parameters a report was produced with.
@@ -212,8 +216,12 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
     );
     router.index_capacity_factor = args.index_capacity_factor;
     router.expire_interval_ms = args.expire_interval_ms.max(1);
-    if args.rates == RatesMode::Nominal {
-        router.rates = nominal_rates(&params, typical_context(&base));
+    match args.rates {
+        RatesMode::Nominal => router.rates = nominal_rates(&params, typical_context(&base)),
+        RatesMode::Gateway => {}
+        RatesMode::Learned => {
+            router.learn_rates = Some(kvgate_core::load::RateConfig::default());
+        }
     }
     let cfg = OfflineConfig {
         router,

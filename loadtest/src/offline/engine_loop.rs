@@ -271,7 +271,7 @@ pub fn simulate(
                     }
                     let ttft = now.saturating_sub(reqs[i].arrival_us);
                     ttft_us[i] = Some(ttft);
-                    router.first_token(i);
+                    router.first_token(i, placed[i] as usize, ttft as f64 / 1e3);
                     let b = bucket_of(now);
                     if buckets.len() <= b {
                         buckets.resize(b + 1, Bucket::default());

@@ -15,7 +15,9 @@
 use std::sync::Arc;
 
 use kvgate_core::index::{IndexConfig, PlacementIndex, PrefixMatches};
-use kvgate_core::load::{EngineLoad, InstanceRates, LoadGuard, LoadTracker};
+use kvgate_core::load::{
+    EngineLoad, InstanceRates, LoadGuard, LoadTracker, RateConfig, RateEstimator,
+};
 use kvgate_core::policy::{Candidate, Policy, RouteRequest};
 use kvgate_core::{InstanceId, Millis, Source, Tier};
 use kvgate_sim::model::timing::BatchShape;
@@ -82,6 +84,10 @@ pub struct RouterSettings {
     pub expire_interval_ms: u64,
     /// Starting rates of every instance.
     pub rates: InstanceRates,
+    /// When set, rates are learned from every request's time to first token as the gateway
+    /// learns them (starting from these settings, whose starting values are used instead of
+    /// `rates`); otherwise `rates` stay fixed.
+    pub learn_rates: Option<RateConfig>,
     /// Capacity of each instance's KV cache in blocks, as the engine would report it.
     pub capacity_blocks: u64,
     /// The index's per-instance entry bound as a multiple of `capacity_blocks`: above 1 leaves
@@ -110,6 +116,7 @@ impl RouterSettings {
                 prefill_tokens_per_s: 8_000.0,
                 decode_interference_ms: 0.5,
             },
+            learn_rates: None,
             capacity_blocks,
             index_capacity_factor: 2.0,
             scrape_interval_ms: 1_000,
@@ -151,6 +158,11 @@ pub struct SimRouter {
     next_expire_ms: Millis,
     /// Outstanding guards by request number; `None` once finished (or never dispatched).
     guards: Vec<Option<LoadGuard>>,
+    /// Learned rates, when learning.
+    estimator: Option<RateEstimator>,
+    /// What each request's rate observation needs from its dispatch: uncached tokens, prefill
+    /// tokens queued ahead of it and sequences decoding on its instance.
+    dispatched: Vec<(u64, u64, u32)>,
 }
 
 /// What the router decided for one request.
@@ -175,6 +187,10 @@ impl SimRouter {
         seed: u64,
     ) -> Self {
         let index = PlacementIndex::new(settings.index.clone());
+        let estimator = settings
+            .learn_rates
+            .clone()
+            .map(|cfg| RateEstimator::new(cfg, instances));
         let index_capacity =
             (settings.capacity_blocks as f64 * settings.index_capacity_factor.max(0.0)).ceil();
         for i in 0..instances {
@@ -196,6 +212,8 @@ impl SimRouter {
             next_scrape_ms: 0,
             next_expire_ms: 0,
             guards,
+            estimator,
+            dispatched: vec![(0, 0, 0); requests],
         }
     }
 
@@ -241,7 +259,10 @@ impl SimRouter {
                 matched: self.matches.get(inst),
                 load: self.tracker.snapshot(inst),
                 engine: self.engine_loads[i],
-                rates: self.settings.rates,
+                rates: match &self.estimator {
+                    Some(e) => e.rates(inst),
+                    None => self.settings.rates,
+                },
                 cache_capacity_blocks: Some(self.settings.capacity_blocks),
             });
         }
@@ -270,6 +291,14 @@ impl SimRouter {
         }
         let cached_tokens = u64::from(matched) * u64::from(self.block_tokens);
         let uncached = u64::from(req.prompt_tokens).saturating_sub(cached_tokens);
+        let at_dispatch = self.tracker.snapshot(chosen);
+        if let Some(slot) = self.dispatched.get_mut(id) {
+            *slot = (
+                uncached,
+                at_dispatch.pending_prefill_tokens,
+                at_dispatch.decoding,
+            );
+        }
         let guard = self.tracker.dispatch(chosen, uncached);
         if let Some(slot) = self.guards.get_mut(id) {
             *slot = Some(guard);
@@ -281,10 +310,21 @@ impl SimRouter {
         }
     }
 
-    /// Request `id` produced its first token.
-    pub fn first_token(&mut self, id: usize) {
+    /// Request `id`, routed to `instance`, produced its first token `ttft_ms` after dispatch.
+    pub fn first_token(&mut self, id: usize, instance: usize, ttft_ms: f64) {
         if let Some(Some(g)) = self.guards.get_mut(id) {
             g.first_token();
+        }
+        if let (Some(est), Some(&(uncached, ahead, decoding))) =
+            (&self.estimator, self.dispatched.get(id))
+        {
+            est.observe(
+                InstanceId(instance as u32),
+                uncached,
+                ttft_ms,
+                ahead,
+                decoding,
+            );
         }
     }
 

@@ -131,8 +131,13 @@ pub struct KvgateParams {
     /// Uncached prompt tokens assumed per request in an engine's waiting queue when only
     /// engine-scraped load is known. Default 1024.
     pub engine_waiting_tokens: f64,
-    /// Costs within this many ms of the best tie (then broken by request seed). Default 0.01.
+    /// Costs within this many ms of the best tie. Default 0.01.
     pub tie_epsilon_ms: f64,
+    /// Costs within this fraction of the best also tie: differences that small are below what
+    /// learned rates and load snapshots can resolve, so they should not decide. Ties go to the
+    /// candidate with the fewest requests in flight (which also evens out decode batches), then
+    /// by request seed. Default 0.1.
+    pub tie_relative: f64,
 }
 
 impl Default for KvgateParams {
@@ -146,6 +151,7 @@ impl Default for KvgateParams {
             fleet_max_factor: 8.0,
             engine_waiting_tokens: 1024.0,
             tie_epsilon_ms: 0.01,
+            tie_relative: 0.1,
         }
     }
 }

@@ -32,8 +32,11 @@
 //!   and load decides between them.
 //! - A request that matches nowhere (cold prefix) has `fleet_c = 0` everywhere and goes to the
 //!   instance with the least predicted queue: new prefixes spread over the fleet.
-//! - Scores within `tie_epsilon_ms` tie; ties go to the lowest hash of (request seed, instance id),
-//!   so equal instances are chosen uniformly over requests and slice position never matters.
+//! - Scores within `tie_epsilon_ms`, or within `tie_relative` of the best, tie: smaller differences
+//!   are below what learned rates and load snapshots resolve (left to decide, rate noise alone
+//!   would keep sending idle-time traffic to whichever instance looks a few percent faster). Ties
+//!   go to the fewest requests in flight, which also evens out decode batches, then to the lowest
+//!   hash of (request seed, instance id), so slice position never matters.
 //!
 //! Engine-scraped load is used only when fresh (`stale == false`) and only for the part the router
 //! cannot see itself ("foreign" load: requests from other clients, or replicas not sharing load).
@@ -43,7 +46,7 @@
 //! from the waiting queue first.
 
 use super::config::KvgateParams;
-use super::util::{argmin_seeded, decision, prefilling};
+use super::util::{argmin_seeded, decision, prefilling, tie_key};
 use super::{Candidate, Decision, Policy, Reason, RouteRequest};
 
 /// The cost-based default policy.
@@ -122,6 +125,40 @@ impl Kvgate {
     }
 }
 
+impl Kvgate {
+    /// The lowest cost; costs within `tie_epsilon_ms` or `tie_relative` of it tie, and ties go
+    /// to the fewest requests in flight (router-tracked plus foreign), then to the lowest
+    /// [`tie_key`]. NaN costs never win.
+    fn pick(&self, candidates: &[Candidate], scores: &[f64], seed: u64) -> Option<usize> {
+        let min = scores
+            .iter()
+            .copied()
+            .filter(|s| !s.is_nan())
+            .fold(f64::INFINITY, f64::min);
+        if !min.is_finite() {
+            return argmin_seeded(candidates, scores, 0.0, seed);
+        }
+        let p = &self.params;
+        let slack = p.tie_epsilon_ms.max(0.0) + (p.tie_relative.max(0.0) * min).max(0.0);
+        candidates
+            .iter()
+            .zip(scores)
+            .enumerate()
+            .filter(|(_, (_, &s))| s <= min + slack)
+            .min_by_key(|(_, (c, _))| {
+                let f = foreign(c);
+                (
+                    c.load
+                        .in_flight
+                        .saturating_add(f.waiting)
+                        .saturating_add(f.running),
+                    tie_key(seed, c.id),
+                )
+            })
+            .map(|(i, _)| i)
+    }
+}
+
 /// Engine-reported requests the router does not account for itself.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Foreign {
@@ -156,12 +193,7 @@ impl Policy for Kvgate {
         let mut terms = Vec::with_capacity(candidates.len());
         self.terms(req, candidates, &mut terms);
         let scores: Vec<f64> = terms.iter().map(KvgateTerms::cost_ms).collect();
-        let i = argmin_seeded(
-            candidates,
-            &scores,
-            self.params.tie_epsilon_ms.max(0.0),
-            req.seed,
-        )?;
+        let i = self.pick(candidates, &scores, req.seed)?;
         let any_match = candidates.iter().any(|c| c.matched.total() > 0);
         let reason = if !any_match {
             Reason::LeastLoaded
