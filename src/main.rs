@@ -22,8 +22,7 @@ struct Cli {
     /// Log format: human or json, overriding config and KVGATE_LOG_FORMAT.
     #[arg(long)]
     log_format: Option<LogFormat>,
-    /// Threads serving client connections (each runs its own single-threaded runtime and upstream
-    /// connection pools); default: one per available core.
+    /// Threads serving client connections, overriding `server.threads` and KVGATE_THREADS.
     #[arg(long)]
     threads: Option<usize>,
     #[command(subcommand)]
@@ -152,11 +151,12 @@ async fn run() -> Result<()> {
         return healthcheck(&cfg, addr);
     }
     init_logging(&cfg)?;
-    let threads = cli.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
+    let threads = match cli.threads.unwrap_or(cfg.server.threads) {
+        0 => std::thread::available_parallelism()
             .map(|n| n.get())
-            .unwrap_or(1)
-    });
+            .unwrap_or(1),
+        n => n,
+    };
     serve(cfg, threads).await
 }
 

@@ -146,6 +146,9 @@ impl Config {
             self.server.shutdown_grace_ms =
                 parse(env::SHUTDOWN_GRACE_MS, "server.shutdown_grace_ms", &v)?;
         }
+        if let Some(v) = lookup(env::THREADS) {
+            self.server.threads = parse(env::THREADS, "server.threads", &v)?;
+        }
         if let Some(v) = lookup(env::MAX_ATTEMPTS) {
             self.upstream.max_attempts = parse(env::MAX_ATTEMPTS, "upstream.max_attempts", &v)?;
         }

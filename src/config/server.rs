@@ -39,6 +39,9 @@ pub struct ServerConfig {
     pub log_filter: String,
     /// Header carrying the request id, propagated upstream and returned to the client.
     pub request_id_header: String,
+    /// Threads serving client connections, each with its own single-threaded runtime and
+    /// upstream connection pools; 0 = one per available core.
+    pub threads: usize,
 }
 
 impl Default for ServerConfig {
@@ -50,6 +53,7 @@ impl Default for ServerConfig {
             log_format: LogFormat::Human,
             log_filter: "info".to_string(),
             request_id_header: "x-request-id".to_string(),
+            threads: 0,
         }
     }
 }

@@ -69,7 +69,7 @@ pub struct OfflineArgs {
     /// Instance rates the router uses: `nominal` (calibrated to the engine model, as an operator
     /// would configure them), `gateway` (the gateway's uncalibrated defaults) or `learned` (the
     /// gateway's defaults, then learned from observed time to first token, as the gateway does).
-    #[arg(long, default_value = "nominal")]
+    #[arg(long, default_value = "learned")]
     pub rates: RatesMode,
     /// Index entry bound per instance as a multiple of the engine's GPU + CPU blocks.
     #[arg(long, default_value_t = 2.0)]
