@@ -12,8 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// While alone, seeds are retried this often (bounded by `seed_interval_ms`).
-const ALONE_RETRY_MS: u64 = 1_000;
+/// While alone, seeds are retried this often (bounded by `seed_interval_ms`): a restarted replica
+/// that missed its first announce joins, and starts catching up, within a fraction of a second.
+const ALONE_RETRY_MS: u64 = 250;
 
 pub(crate) async fn run(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
     let names: Vec<String> = inner
