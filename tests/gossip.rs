@@ -50,14 +50,20 @@ async fn complete(g: &Gateway, prompt: &str) -> (String, u32) {
     (inst, matched)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_share_placements_and_load() {
+/// Three mock engines and their URLs.
+async fn three_engines() -> ([Mock; 3], Vec<String>) {
     let engines = [
         Mock::start("e0").await,
         Mock::start("e1").await,
         Mock::start("e2").await,
     ];
-    let urls: Vec<String> = engines.iter().map(|m| m.url()).collect();
+    let urls = engines.iter().map(|m| m.url()).collect();
+    (engines, urls)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_placements_and_load() {
+    let (engines, urls) = three_engines().await;
     let a = Gateway::start(with_gossip(&urls, vec![])).await;
     let ga = gossip_of(&a).await;
     let b = Gateway::start(with_gossip(&urls, vec![ga.local_addr().to_string()])).await;
@@ -141,12 +147,7 @@ async fn replicas_share_placements_and_load() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_replicas_dead_instance_verdict_steers_the_others() {
-    let engines = [
-        Mock::start("e0").await,
-        Mock::start("e1").await,
-        Mock::start("e2").await,
-    ];
-    let urls: Vec<String> = engines.iter().map(|m| m.url()).collect();
+    let (engines, urls) = three_engines().await;
     let a = Gateway::start(with_gossip(&urls, vec![])).await;
     let ga = gossip_of(&a).await;
     // B checks health so rarely that anything it learns about e1 within the test comes from A.

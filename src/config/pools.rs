@@ -74,6 +74,20 @@ pub struct InstanceConfig {
     pub capacity_blocks: Option<u64>,
 }
 
+impl InstanceConfig {
+    /// An instance at `url` named `name`, with no KV event stream and no configured capacity.
+    pub fn at(name: impl Into<String>, url: impl Into<String>) -> Self {
+        Self {
+            name: Some(name.into()),
+            url: url.into(),
+            kv_events: None,
+            kv_replay: None,
+            kv_topic: None,
+            capacity_blocks: None,
+        }
+    }
+}
+
 /// `[sim]` section: the embedded simulated fleet started when no pool is configured
 /// (the simulator's own fleet configuration; its defaults live there).
 pub type SimConfig = kvgate_sim::FleetConfig;

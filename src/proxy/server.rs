@@ -198,14 +198,7 @@ mod tests {
             tokenizer: None,
             chat_template: None,
             flavour: Default::default(),
-            instances: vec![InstanceConfig {
-                name: Some("u".into()),
-                url,
-                kv_events: None,
-                kv_replay: None,
-                kv_topic: None,
-                capacity_blocks: None,
-            }],
+            instances: vec![InstanceConfig::at("u", url)],
         }];
         c
     }

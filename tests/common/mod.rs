@@ -263,14 +263,7 @@ pub fn config_for(urls: &[String]) -> Config {
         instances: urls
             .iter()
             .enumerate()
-            .map(|(i, u)| InstanceConfig {
-                name: Some(format!("i{i}")),
-                url: u.clone(),
-                kv_events: None,
-                kv_replay: None,
-                kv_topic: None,
-                capacity_blocks: None,
-            })
+            .map(|(i, u)| InstanceConfig::at(format!("i{i}"), u.clone()))
             .collect(),
     }];
     c

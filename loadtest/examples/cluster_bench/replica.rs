@@ -55,14 +55,7 @@ fn config(spec: &ReplicaSpec, seeds: &[SocketAddr]) -> Config {
             .urls
             .iter()
             .enumerate()
-            .map(|(i, u)| InstanceConfig {
-                name: Some(format!("sim-{i}")),
-                url: u.clone(),
-                kv_events: None,
-                kv_replay: None,
-                kv_topic: None,
-                capacity_blocks: None,
-            })
+            .map(|(i, u)| InstanceConfig::at(format!("sim-{i}"), u.clone()))
             .collect(),
     }];
     if spec.gossip {
