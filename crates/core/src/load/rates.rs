@@ -37,7 +37,7 @@ pub struct RateConfig {
     /// Default 20.
     pub overhead_ms: f64,
     /// Forgetting factor in (0.5, 1]: the weight an observation keeps per newer observation.
-    /// 0.99 remembers about the last 100. Default 0.99.
+    /// 0.998 remembers about the last 500. Default 0.998.
     pub forgetting: f64,
     /// Residuals beyond this many running mean absolute residuals are clipped (outliers move
     /// the estimate only a bounded amount). Default 3.
@@ -60,7 +60,10 @@ pub struct RateConfig {
     /// Weight, in observations, of the fleet-wide estimate in each instance's own: an instance
     /// with little traffic is scored like the fleet (a few slow first requests cannot mark it
     /// slow and starve it of the traffic that would correct that), while one with hundreds of
-    /// observations is scored on its own speed. 0 fits every instance independently. Default 20.
+    /// observations is scored mostly on its own speed. 0 fits every instance independently.
+    /// Default 100: early observations (a burst of simultaneous first requests queueing in ways
+    /// the router cannot see) scatter identical instances' fits by tens of percent, enough to
+    /// starve the ones that look slow.
     pub pool_weight: f64,
 }
 
@@ -70,14 +73,14 @@ impl Default for RateConfig {
             prefill_tokens_per_s: 8_000.0,
             decode_interference_ms: 0.5,
             overhead_ms: 20.0,
-            forgetting: 0.99,
+            forgetting: 0.998,
             outlier_clip: 3.0,
             min_prefill_tokens_per_s: 100.0,
             max_prefill_tokens_per_s: 1_000_000.0,
             max_decode_interference_ms: 100.0,
             max_overhead_ms: 10_000.0,
             min_work_tokens: 16,
-            pool_weight: 20.0,
+            pool_weight: 100.0,
             learn_decode_interference: false,
         }
     }
