@@ -74,6 +74,21 @@ pub struct InstanceConfig {
     pub capacity_blocks: Option<u64>,
 }
 
+impl PoolConfig {
+    /// A pool serving `model` on `instances`, with text-mode hashing defaults (no tokenizer, no
+    /// template, the default block size) and the vLLM flavour.
+    pub fn serving(model: impl Into<String>, instances: Vec<InstanceConfig>) -> Self {
+        Self {
+            model: model.into(),
+            block_size: None,
+            tokenizer: None,
+            chat_template: None,
+            flavour: Default::default(),
+            instances,
+        }
+    }
+}
+
 impl InstanceConfig {
     /// An instance at `url` named `name`, with no KV event stream and no configured capacity.
     pub fn at(name: impl Into<String>, url: impl Into<String>) -> Self {

@@ -192,14 +192,7 @@ mod tests {
     fn config(url: String) -> Config {
         let mut c = Config::default();
         c.server.shutdown_grace_ms = 5_000;
-        c.pools = vec![PoolConfig {
-            model: "m".into(),
-            block_size: None,
-            tokenizer: None,
-            chat_template: None,
-            flavour: Default::default(),
-            instances: vec![InstanceConfig::at("u", url)],
-        }];
+        c.pools = vec![PoolConfig::serving("m", vec![InstanceConfig::at("u", url)])];
         c
     }
 

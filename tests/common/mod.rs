@@ -254,18 +254,13 @@ pub fn config_for(urls: &[String]) -> Config {
     c.health.models_refresh_ms = 100;
     c.load.poll_interval_ms = 100;
     c.server.shutdown_grace_ms = 5_000;
-    c.pools = vec![PoolConfig {
-        model: "m".into(),
-        block_size: None,
-        tokenizer: None,
-        chat_template: None,
-        flavour: Default::default(),
-        instances: urls
-            .iter()
+    c.pools = vec![PoolConfig::serving(
+        "m",
+        urls.iter()
             .enumerate()
             .map(|(i, u)| InstanceConfig::at(format!("i{i}"), u.clone()))
             .collect(),
-    }];
+    )];
     c
 }
 
