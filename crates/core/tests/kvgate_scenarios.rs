@@ -213,44 +213,43 @@ fn e_ties_are_broken_by_seed_not_position() {
 /// router already tracks must not be counted twice, so the cache holder keeps the repeat.
 #[test]
 fn lagging_scrape_of_own_request_does_not_move_a_cached_prefix() {
-    use kvgate_core::load::EngineLoad;
     let p = Kvgate::new(KvgateParams::default());
     let hashes: Vec<u64> = (1..=32).collect();
     let mut holder = cand(0, 32, 0, 1);
     holder.load.decoding = 1;
-    holder.engine = Some(EngineLoad {
-        running: 0,
-        waiting: 1,
-        kv_usage: 0.1,
-        at: 0,
-        stale: false,
-    });
+    holder.engine = Some(fresh_scrape(0, 1, 0.1));
     let idle = cand(1, 0, 0, 0);
     for seed in 0..16 {
         assert_eq!(pick(&p, &hashes, &[holder, idle], seed), 0);
     }
 }
 
+/// A fresh (not stale) engine scrape.
+fn fresh_scrape(running: u32, waiting: u32, kv_usage: f32) -> kvgate_core::load::EngineLoad {
+    kvgate_core::load::EngineLoad {
+        running,
+        waiting,
+        kv_usage,
+        at: 0,
+        stale: false,
+    }
+}
+
 /// Work the router cannot see (another client's queue on the engine) still counts.
 #[test]
 fn foreign_engine_queue_counts_as_load() {
-    use kvgate_core::load::EngineLoad;
     let p = Kvgate::new(KvgateParams::default());
     let hashes: Vec<u64> = (1..=4).collect();
     let mut busy = cand(0, 0, 0, 0);
-    busy.engine = Some(EngineLoad {
-        running: 8,
-        waiting: 20,
-        kv_usage: 0.9,
-        at: 0,
-        stale: false,
-    });
+    busy.engine = Some(fresh_scrape(8, 20, 0.9));
     let idle = cand(1, 0, 0, 0);
     for seed in 0..16 {
         assert_eq!(pick(&p, &hashes, &[busy, idle], seed), 1);
     }
     // The same scrape, marked stale, is ignored: both are idle and ties spread.
-    busy.engine = busy.engine.map(|e| EngineLoad { stale: true, ..e });
+    busy.engine = busy
+        .engine
+        .map(|e| kvgate_core::load::EngineLoad { stale: true, ..e });
     let picks: std::collections::HashSet<u32> = (0..32)
         .map(|s| pick(&p, &hashes, &[busy, idle], s))
         .collect();

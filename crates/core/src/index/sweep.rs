@@ -9,6 +9,30 @@ use crate::{BlockHash, InstanceId, Millis, Source};
 use parking_lot::RwLock;
 use std::sync::atomic::Ordering;
 
+impl Shard {
+    /// Drops every entry matching `drop` (reporting each to `removed`) and every block left
+    /// without holders, keeping `spill_bytes` exact.
+    fn drop_entries(
+        &mut self,
+        mut drop: impl FnMut(&super::Entry) -> bool,
+        mut removed: impl FnMut(super::Entry),
+    ) {
+        let mut spill_delta: isize = 0;
+        self.map.retain(|_, holders| {
+            let before = holders.heap_bytes() as isize;
+            let keep = holders.retain(&mut drop, &mut removed);
+            let after = if keep {
+                holders.heap_bytes() as isize
+            } else {
+                0
+            };
+            spill_delta += after - before;
+            keep
+        });
+        self.spill_bytes = (self.spill_bytes as isize + spill_delta).max(0) as usize;
+    }
+}
+
 impl PlacementIndex {
     /// Drops every entry of `instance` that came from one of `sources`
     /// (engine cleared its cache, restarted, or an event stream broke).
@@ -20,24 +44,10 @@ impl PlacementIndex {
         for shard in self.shards.iter() {
             let mut removed = [0usize; 3];
             {
-                let mut shard = shard.write();
-                let shard = &mut *shard;
-                let mut spill_delta: isize = 0;
-                shard.map.retain(|_, holders| {
-                    let before = holders.heap_bytes() as isize;
-                    let keep = holders.retain(
-                        |e| e.instance == instance.0 && sources.contains(&e.source),
-                        &mut |e| removed[e.source as usize] += 1,
-                    );
-                    let after = if keep {
-                        holders.heap_bytes() as isize
-                    } else {
-                        0
-                    };
-                    spill_delta += after - before;
-                    keep
-                });
-                shard.spill_bytes = (shard.spill_bytes as isize + spill_delta).max(0) as usize;
+                shard.write().drop_entries(
+                    |e| e.instance == instance.0 && sources.contains(&e.source),
+                    |e| removed[e.source as usize] += 1,
+                );
             }
             for (src, n) in removed.iter().enumerate() {
                 for _ in 0..*n {
@@ -61,23 +71,9 @@ impl PlacementIndex {
         for shard in self.shards.iter() {
             let mut removed: Vec<(u32, Source)> = Vec::new();
             {
-                let mut shard = shard.write();
-                let shard = &mut *shard;
-                let mut spill_delta: isize = 0;
-                shard.map.retain(|_, holders| {
-                    let before = holders.heap_bytes() as isize;
-                    let keep = holders.retain(|e| !e.live(now), &mut |e| {
-                        removed.push((e.instance, e.source))
-                    });
-                    let after = if keep {
-                        holders.heap_bytes() as isize
-                    } else {
-                        0
-                    };
-                    spill_delta += after - before;
-                    keep
-                });
-                shard.spill_bytes = (shard.spill_bytes as isize + spill_delta).max(0) as usize;
+                shard
+                    .write()
+                    .drop_entries(|e| !e.live(now), |e| removed.push((e.instance, e.source)));
             }
             total += removed.len();
             for (inst, src) in removed {

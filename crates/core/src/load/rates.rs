@@ -103,12 +103,18 @@ impl RateConfig {
         }
     }
 
-    fn initial_fit(&self) -> Fit {
+    /// The configured values as `[c, a, b]` (see [`Fit::theta`]).
+    fn configured_theta(&self) -> [f64; 3] {
         let r = self.initial();
-        let a = 1e6 / r.prefill_tokens_per_s;
-        let b = r.decode_interference_ms * DECODE_SCALE;
-        let c = clamp(self.overhead_ms, 0.0, self.max_overhead_ms);
-        let theta = [c, a, b];
+        [
+            clamp(self.overhead_ms, 0.0, self.max_overhead_ms),
+            1e6 / r.prefill_tokens_per_s,
+            r.decode_interference_ms * DECODE_SCALE,
+        ]
+    }
+
+    fn initial_fit(&self) -> Fit {
+        let theta = self.configured_theta();
         let mut xtx = [[0.0; 3]; 3];
         let mut xty = [0.0; 3];
         for i in 0..3 {
@@ -118,10 +124,9 @@ impl RateConfig {
         }
         Fit {
             theta,
-            prior: theta,
             xtx,
             xty,
-            mean_abs_residual: (c + a).max(1.0),
+            mean_abs_residual: (theta[0] + theta[1]).max(1.0),
         }
     }
 }
@@ -131,7 +136,6 @@ impl Fit {
     fn anchored_on(pool: &Fit) -> Fit {
         Fit {
             theta: pool.theta,
-            prior: pool.theta,
             xtx: [[0.0; 3]; 3],
             xty: [0.0; 3],
             mean_abs_residual: pool.mean_abs_residual,
@@ -157,8 +161,6 @@ fn clamp(x: f64, lo: f64, hi: f64) -> f64 {
 struct Fit {
     /// `[c, a, b]`: overhead ms, ms per thousand tokens, ms per `DECODE_SCALE` decoding sequences.
     theta: [f64; 3],
-    /// The starting point (the configured values for the pool fit).
-    prior: [f64; 3],
     /// Σ λᵏ x xᵀ.
     xtx: [[f64; 3]; 3],
     /// Σ λᵏ x y.
@@ -384,8 +386,7 @@ impl RateEstimator {
             return cfg.initial();
         }
         st.pool.accumulate(cfg, x, ttft_ms);
-        let prior = st.pool.prior;
-        st.pool.solve(cfg, prior, 0.0);
+        st.pool.solve(cfg, cfg.configured_theta(), 0.0);
         let anchor = st.pool.theta;
         let f = &mut st.instances[idx];
         f.accumulate(cfg, x, ttft_ms);
