@@ -9,10 +9,10 @@
 //!   mid-body — that is how a client disconnect stops the engine's generation.
 
 use crate::app::AppState;
+use crate::client::body::UpstreamBody;
 use crate::metrics;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use kvgate_core::load::LoadGuard;
 use kvgate_core::InstanceId;
 use pin_project_lite::pin_project;
@@ -140,7 +140,7 @@ pin_project! {
     /// The relayed body.
     pub struct ProxyBody {
         #[pin]
-        inner: Incoming,
+        inner: UpstreamBody,
         #[pin]
         idle: tokio::time::Sleep,
         idle_after: Duration,
@@ -150,7 +150,7 @@ pin_project! {
 
 impl ProxyBody {
     /// Relays `inner`, failing if it stays silent longer than `idle_after`.
-    pub fn new(inner: Incoming, idle_after: Duration, mut tracker: Tracker) -> Self {
+    pub fn new(inner: UpstreamBody, idle_after: Duration, mut tracker: Tracker) -> Self {
         if inner.is_end_stream() {
             tracker.finish(End::Complete);
         }

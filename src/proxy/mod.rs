@@ -25,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use body::{ProxyBody, Tracker};
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use kvgate_core::InstanceId;
 use parse::Endpoint;
 use std::time::{Duration, Instant};
@@ -148,7 +148,7 @@ async fn forward(
         let id = routed.chosen;
         state.events.note_dispatch(id);
         let inst = state.fleet.instance(id);
-        let mut up = http::Request::new(Full::new(bytes.clone()));
+        let mut up = http::Request::new(bytes.clone());
         *up.method_mut() = Method::POST;
         *up.uri_mut() = inst.uri_with(path_and_query.clone())?;
         *up.headers_mut() = up_headers.clone();
@@ -220,7 +220,7 @@ async fn forward(
 fn relay(
     state: &AppState,
     endpoint: Endpoint,
-    resp: http::Response<hyper::body::Incoming>,
+    resp: http::Response<crate::client::body::UpstreamBody>,
     routed: crate::routing::Routed,
     started: Instant,
     stream: bool,

@@ -1,0 +1,475 @@
+//! The upstream HTTP client: HTTP/1.1 over pooled keep-alive connections, with connect,
+//! first-byte and body-size bounds.
+//!
+//! The exchange runs on the calling task: the request is written, the response head read and the
+//! body streamed from the socket by whoever polls it, with no connection task, channel or pool
+//! lock in between (on a busy proxy those hops cost more than the HTTP work itself).
+//!
+//! Invariants:
+//! - Connect failures are reported as [`SendError::Connect`] and nothing else is: only they (and
+//!   502/503 answers) make a request safe to retry elsewhere, since the instance never saw it.
+//! - A parked connection that turns out to be closed when reused (no byte of a response read) is
+//!   replaced by a fresh one to the same instance, at most [`MAX_STALE`] times per request: a
+//!   server closing an idle keep-alive connection does not read what arrives on it.
+//! - Every wait is bounded by a configured timeout; bodies read into memory have a size cap;
+//!   response heads are bounded (see [`wire`]).
+//! - Each thread has its own pool of idle connections per client (see [`pool`]).
+
+pub mod body;
+pub mod pool;
+pub mod wire;
+
+use body::UpstreamBody;
+use bytes::{BufMut, Bytes, BytesMut};
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Limited};
+use pool::{Conn, Home};
+use std::io::IoSlice;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use wire::WireError;
+
+use crate::config::UpstreamConfig;
+
+/// Most parked connections found closed and replaced during one request.
+pub const MAX_STALE: usize = 4;
+/// Bodies up to this size are copied behind the head and sent with one write.
+const INLINE_BODY_BYTES: usize = 16 * 1024;
+/// Buffer space ensured before each read of a response head.
+const HEAD_READ_RESERVE: usize = 8 * 1024;
+
+/// Why a request to an instance failed before a response arrived.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// TCP connect failed or timed out: the instance never saw the request.
+    #[error("connect failed: {0}")]
+    Connect(String),
+    /// No response headers within the timeout.
+    #[error("timed out")]
+    Timeout,
+    /// The connection broke or the answer was not valid HTTP.
+    #[error("{0}")]
+    Protocol(String),
+    /// A body read into memory exceeded its cap.
+    #[error("response body too large")]
+    TooLarge,
+}
+
+impl SendError {
+    /// Bounded metric label for the cause.
+    pub fn cause(&self) -> &'static str {
+        match self {
+            SendError::Connect(_) => "connect",
+            SendError::Timeout => "timeout",
+            SendError::Protocol(_) => "protocol",
+            SendError::TooLarge => "body",
+        }
+    }
+}
+
+/// How an exchange on one connection failed.
+enum Failed {
+    /// Nothing of a response arrived and the connection was closed or reset: on a reused
+    /// connection, the server had closed it while it was parked.
+    Closed(std::io::Error),
+    /// Anything else.
+    Other(SendError),
+}
+
+/// Pooled client shared by the proxy and the background checkers. Cheap to clone.
+#[derive(Clone)]
+pub struct HttpClient {
+    settings: Arc<Settings>,
+}
+
+struct Settings {
+    /// Distinguishes this client's parked connections from other clients' on the same thread.
+    id: u64,
+    connect_timeout: Duration,
+    max_idle_per_host: usize,
+    idle_timeout: Duration,
+}
+
+static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl HttpClient {
+    /// A client with `cfg`'s connect timeout and pool settings.
+    pub fn new(cfg: &UpstreamConfig) -> Self {
+        Self {
+            settings: Arc::new(Settings {
+                id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
+                connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
+                max_idle_per_host: cfg.pool_max_idle_per_host,
+                idle_timeout: Duration::from_millis(cfg.pool_idle_timeout_ms),
+            }),
+        }
+    }
+
+    /// Sends `req` (its URI must be absolute: `http://host:port/path`), waiting at most
+    /// `first_byte` for the response head. The body is then read from the connection as it is
+    /// polled.
+    pub async fn send(
+        &self,
+        req: Request<Bytes>,
+        first_byte: Duration,
+    ) -> Result<Response<UpstreamBody>, SendError> {
+        let (parts, body) = req.into_parts();
+        let authority = match (parts.uri.scheme_str(), parts.uri.authority()) {
+            (Some("http"), Some(a)) => a.as_str(),
+            _ => {
+                return Err(SendError::Protocol(format!(
+                    "unsupported upstream URI {}",
+                    parts.uri
+                )))
+            }
+        };
+        let inline = body.len() <= INLINE_BODY_BYTES;
+        let mut head = BytesMut::with_capacity(256 + if inline { body.len() } else { 0 });
+        wire::encode_head(
+            &mut head,
+            &parts.method,
+            &parts.uri,
+            &parts.headers,
+            body.len(),
+        );
+        if inline {
+            head.put_slice(&body);
+        }
+        let rest = if inline { &[][..] } else { &body[..] };
+        let exchange = async {
+            let mut stale = 0;
+            loop {
+                let parked = if stale < MAX_STALE {
+                    pool::checkout(self.settings.id, authority, self.settings.idle_timeout)
+                } else {
+                    None
+                };
+                let reused = parked.is_some();
+                let conn = match parked {
+                    Some(c) => c,
+                    None => self.connect(&parts.uri, authority).await?,
+                };
+                match exchange(conn, &head, rest, &parts.method).await {
+                    Ok(resp) => return Ok(resp),
+                    Err(Failed::Closed(_)) if reused => stale += 1,
+                    Err(Failed::Closed(e)) => {
+                        return Err(SendError::Protocol(format!(
+                            "connection closed before a response: {e}"
+                        )))
+                    }
+                    Err(Failed::Other(e)) => return Err(e),
+                }
+            }
+        };
+        match tokio::time::timeout(first_byte, exchange).await {
+            Err(_) => Err(SendError::Timeout),
+            Ok(r) => r,
+        }
+    }
+
+    /// A fresh connection to `authority`, bounded by the connect timeout.
+    async fn connect(&self, uri: &Uri, authority: &str) -> Result<Conn, SendError> {
+        let s = &self.settings;
+        let target = match uri.port_u16() {
+            Some(_) => authority.to_string(),
+            None => format!("{}:80", uri.host().unwrap_or(authority)),
+        };
+        let stream =
+            match tokio::time::timeout(s.connect_timeout, TcpStream::connect(&target)).await {
+                Err(_) => {
+                    return Err(SendError::Connect(format!(
+                        "{target}: no connection within {} ms",
+                        s.connect_timeout.as_millis()
+                    )))
+                }
+                Ok(Err(e)) => return Err(SendError::Connect(format!("{target}: {e}"))),
+                Ok(Ok(stream)) => stream,
+            };
+        // Latency over packet count: heads and SSE events are small and must leave at once.
+        let _ = stream.set_nodelay(true);
+        let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(60));
+        let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+        Ok(Conn::new(
+            stream,
+            Home {
+                client: s.id,
+                authority: authority.into(),
+                max_idle: s.max_idle_per_host,
+                idle_timeout: s.idle_timeout,
+            },
+        ))
+    }
+
+    /// `GET uri`, reading at most `limit` body bytes, the whole exchange bounded by `timeout`.
+    pub async fn get_bytes(
+        &self,
+        uri: Uri,
+        timeout: Duration,
+        limit: usize,
+    ) -> Result<(StatusCode, Bytes), SendError> {
+        let req = Request::get(uri)
+            .body(Bytes::new())
+            .map_err(|e| SendError::Protocol(e.to_string()))?;
+        let fut = async {
+            let resp = self.send(req, timeout).await?;
+            let status = resp.status();
+            let body = Limited::new(resp.into_body(), limit)
+                .collect()
+                .await
+                .map_err(|e| {
+                    if e.is::<http_body_util::LengthLimitError>() {
+                        SendError::TooLarge
+                    } else {
+                        SendError::Protocol(e.to_string())
+                    }
+                })?
+                .to_bytes();
+            Ok((status, body))
+        };
+        tokio::time::timeout(timeout, fut)
+            .await
+            .unwrap_or(Err(SendError::Timeout))
+    }
+}
+
+/// Writes the request on `conn` and reads the response head; the body stays on the connection.
+async fn exchange(
+    mut conn: Conn,
+    head: &[u8],
+    rest: &[u8],
+    method: &Method,
+) -> Result<Response<UpstreamBody>, Failed> {
+    write_all(&mut conn.stream, head, rest)
+        .await
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::BrokenPipe
+            | std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::ConnectionAborted => Failed::Closed(e),
+            _ => Failed::Other(SendError::Protocol(format!("writing the request: {e}"))),
+        })?;
+    let mut received = false;
+    loop {
+        match wire::parse_head(&conn.buf, method) {
+            Ok(Some((h, len))) => {
+                let _ = conn.buf.split_to(len);
+                received = true;
+                let status = h.response.status();
+                // Interim answers (100 Continue, 103 Early Hints) precede the real one.
+                if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
+                    continue;
+                }
+                let body = UpstreamBody::new(conn, h.framing, h.reusable);
+                return Ok(h.response.map(|()| body));
+            }
+            Ok(None) => {}
+            Err(e @ WireError::TooLarge) | Err(e @ WireError::Invalid(_)) => {
+                return Err(Failed::Other(SendError::Protocol(e.to_string())))
+            }
+        }
+        if conn.buf.capacity() - conn.buf.len() < HEAD_READ_RESERVE / 4 {
+            conn.buf.reserve(HEAD_READ_RESERVE);
+        }
+        match conn.stream.read_buf(&mut conn.buf).await {
+            Ok(0) if !received && conn.buf.is_empty() => {
+                return Err(Failed::Closed(std::io::ErrorKind::UnexpectedEof.into()))
+            }
+            Ok(0) => {
+                return Err(Failed::Other(SendError::Protocol(
+                    "connection closed inside the response head".into(),
+                )))
+            }
+            Ok(_) => received = true,
+            Err(e) if !received && e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return Err(Failed::Closed(e))
+            }
+            Err(e) => {
+                return Err(Failed::Other(SendError::Protocol(format!(
+                    "reading the response: {e}"
+                ))))
+            }
+        }
+    }
+}
+
+/// Writes `head` then `rest` completely, with as few system calls as the socket allows.
+async fn write_all(stream: &mut TcpStream, head: &[u8], rest: &[u8]) -> std::io::Result<()> {
+    let mut done = 0usize;
+    let total = head.len() + rest.len();
+    while done < total {
+        let n = if done < head.len() {
+            let slices = [IoSlice::new(&head[done..]), IoSlice::new(rest)];
+            stream.write_vectored(&slices).await?
+        } else {
+            stream.write(&rest[done - head.len()..]).await?
+        };
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    use tokio::net::TcpListener;
+
+    /// A keep-alive HTTP/1.1 server answering `ok`; each connection answers `answers` requests,
+    /// then closes on the next one without answering. Returns its address and connection count.
+    async fn server(answers: usize, delay: Duration) -> (String, Arc<AtomicUsize>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let conns = Arc::new(AtomicUsize::new(0));
+        let counter = conns.clone();
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = l.accept().await.unwrap();
+                counter.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut s = BufReader::new(s);
+                    for _ in 0..answers {
+                        let mut len = 0usize;
+                        loop {
+                            let mut line = String::new();
+                            if s.read_line(&mut line).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if let Some(v) =
+                                line.to_ascii_lowercase().strip_prefix("content-length:")
+                            {
+                                len = v.trim().parse().unwrap();
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                        }
+                        let mut body = vec![0u8; len];
+                        s.read_exact(&mut body).await.unwrap();
+                        tokio::time::sleep(delay).await;
+                        s.get_mut()
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                            .await
+                            .unwrap();
+                    }
+                    // Read the next request, then close without answering.
+                    let mut line = String::new();
+                    let _ = s.read_line(&mut line).await;
+                });
+            }
+        });
+        (format!("http://{addr}"), conns)
+    }
+
+    fn client() -> HttpClient {
+        HttpClient::new(&UpstreamConfig::default())
+    }
+
+    async fn post(c: &HttpClient, base: &str) -> Result<(StatusCode, Bytes), SendError> {
+        let req = Request::post(format!("{base}/v1/completions"))
+            .body(Bytes::from_static(b"{\"prompt\":\"x\"}"))
+            .unwrap();
+        let resp = c.send(req, Duration::from_secs(5)).await?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        Ok((status, body))
+    }
+
+    #[tokio::test]
+    async fn keep_alive_connections_are_reused() {
+        let (base, conns) = server(usize::MAX, Duration::ZERO).await;
+        let c = client();
+        for _ in 0..5 {
+            assert_eq!(
+                post(&c, &base).await.unwrap(),
+                (StatusCode::OK, "ok".into())
+            );
+        }
+        assert_eq!(conns.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_while_parked_is_replaced() {
+        // Every connection serves one request and drops the next unanswered.
+        let (base, conns) = server(1, Duration::ZERO).await;
+        let c = client();
+        for _ in 0..3 {
+            assert_eq!(
+                post(&c, &base).await.unwrap(),
+                (StatusCode::OK, "ok".into())
+            );
+        }
+        assert_eq!(conns.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_fresh_connection_closed_without_answer_is_an_error() {
+        let (base, _) = server(0, Duration::ZERO).await;
+        let err = post(&client(), &base).await.unwrap_err();
+        assert!(matches!(err, SendError::Protocol(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn refused_connections_and_slow_heads_are_told_apart() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let closed = format!("http://{}", l.local_addr().unwrap());
+        drop(l);
+        let err = post(&client(), &closed).await.unwrap_err();
+        assert!(matches!(err, SendError::Connect(_)), "{err:?}");
+
+        let (base, _) = server(1, Duration::from_secs(10)).await;
+        let req = Request::post(format!("{base}/v1/completions"))
+            .body(Bytes::new())
+            .unwrap();
+        let err = client()
+            .send(req, Duration::from_millis(100))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, SendError::Timeout), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn large_bodies_arrive_whole() {
+        let (base, _) = server(usize::MAX, Duration::ZERO).await;
+        let big = Bytes::from(vec![b'a'; 1 << 20]);
+        let req = Request::post(format!("{base}/v1/completions"))
+            .body(big)
+            .unwrap();
+        let resp = client().send(req, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn get_bytes_caps_the_body() {
+        let (base, _) = server(usize::MAX, Duration::ZERO).await;
+        let uri: Uri = format!("{base}/metrics").parse().unwrap();
+        let c = client();
+        let (s, b) = c
+            .get_bytes(uri.clone(), Duration::from_secs(2), 64)
+            .await
+            .unwrap();
+        assert_eq!((s, &b[..]), (StatusCode::OK, &b"ok"[..]));
+        let err = c
+            .get_bytes(uri, Duration::from_secs(2), 1)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, SendError::TooLarge), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn only_plain_http_uris_are_accepted() {
+        let req = Request::post("https://example.invalid/v1/completions")
+            .body(Bytes::new())
+            .unwrap();
+        let err = client()
+            .send(req, Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, SendError::Protocol(_)), "{err:?}");
+    }
+}
