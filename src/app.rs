@@ -17,7 +17,6 @@ use crate::metrics;
 use crate::proxy;
 use crate::routing::Routing;
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use http::HeaderName;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::future::Future;
@@ -214,39 +213,13 @@ async fn publish_to_gossip(
     }
 }
 
-/// Serves `state` on `listener` until `shutdown` resolves, then drains for the grace period.
+/// Serves `state` on `listener` until `shutdown` resolves, then drains for the grace period:
+/// the binary's serving path ([`crate::proxy::server::run`]) with one serving thread, for
+/// embedding the gateway in another program or a test.
 pub async fn run(
     listener: TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let token = CancellationToken::new();
-    let gossip = start_gossip(&state).await?;
-    let background = spawn_background(&state, token.clone());
-    let grace = Duration::from_millis(state.config.server.shutdown_grace_ms);
-    let app = router(state);
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let stop = token.clone();
-    let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown.await;
-        tracing::info!("shutdown requested: no new connections; draining in-flight requests");
-        stop.cancel();
-    });
-    let result = tokio::select! {
-        r = serve => r,
-        _ = async { token.cancelled().await; tokio::time::sleep(grace).await } => {
-            tracing::warn!("shutdown grace period of {} ms elapsed; dropping remaining requests", grace.as_millis());
-            Ok(())
-        }
-    };
-    token.cancel();
-    for h in background {
-        h.abort();
-    }
-    if let Some(g) = gossip {
-        g.shutdown().await;
-    }
-    result
+    crate::proxy::server::run(listener, state, 1, shutdown).await
 }

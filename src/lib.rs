@@ -12,19 +12,23 @@
 //! - `src/main.rs` — the `kvgate` binary: flags, config loading, logging, signals; `kvgate sim`
 //!   runs the engine simulator; `kvgate healthcheck` probes a running gateway (container
 //!   `HEALTHCHECK`).
-//! - [`app`] — [`app::AppState`], [`app::router`] and [`app::run`] (serve a bound listener until a
-//!   shutdown future resolves, then drain for the grace period); starts the background tasks
+//! - [`app`] — [`app::AppState`], [`app::router`] (admin surface and the proxied routes) and
+//!   [`app::run`] (serve a bound listener until a shutdown future resolves, then drain for the
+//!   grace period, through the binary's own serving path); starts the background tasks
 //!   (health, scrapes, models, index expiry, KV events) and, when enabled, replica gossip.
 //! - [`proxy`] — the OpenAI endpoints: body read once under a limit, routing fields parsed by
 //!   borrowing ([`proxy::parse`]), original bytes forwarded, SSE relayed frame by frame
-//!   ([`proxy::body`]), retries before the first byte only; the binary serves them
-//!   thread-per-core ([`proxy::server`]).
+//!   ([`proxy::body`]), retries before the first byte only; served thread-per-core
+//!   ([`proxy::server`]), the four proxied routes straight from hyper and everything else through
+//!   the axum router ([`proxy::service`]).
 //! - [`admin`] — `/health`, `/ready`, `/metrics`, `/v1/models`, `/admin/*`.
 //! - [`routing`] — the only caller of the routing core: prompt → block hashes → index match →
 //!   policy decision → prediction + load guard; keeps the decision log.
 //! - [`fleet`] — pools by model, instances with dense ids, health (active checks + passive
 //!   ejection), latency averages, engine load scraping, the `/v1/models` union.
-//! - [`client`] — pooled keep-alive HTTP/1.1 client with connect / first-byte timeouts.
+//! - [`client`] — HTTP/1.1 client doing each exchange on the request's own task over a per-thread
+//!   keep-alive pool ([`client::wire`] encodes and parses heads, [`client::body`] streams bodies);
+//!   connect / first-byte timeouts, stale pooled connections replaced.
 //! - [`error`] — [`error::GatewayError`]: one error type, one mapping to status + OpenAI body,
 //!   with fault and retry-safety.
 //! - [`events`] — engine KV event ingestion (`crates/events`) wired to the fleet: one source per

@@ -21,7 +21,7 @@ pub mod wire;
 
 use body::UpstreamBody;
 use bytes::{BufMut, Bytes, BytesMut};
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Limited};
 use pool::{Conn, Home};
 use std::io::IoSlice;
@@ -79,6 +79,23 @@ enum Failed {
     Other(SendError),
 }
 
+/// One request to an instance, borrowing everything it sends.
+pub struct Outgoing<'a> {
+    /// `host:port` to connect to (also the pool key).
+    pub authority: &'a str,
+    /// The `Host` header sent (any `host` in `headers` is ignored).
+    pub host: &'a HeaderValue,
+    /// Method.
+    pub method: &'a Method,
+    /// Path and query, starting with `/`.
+    pub path_and_query: &'a str,
+    /// End-to-end headers; `content-length`, `transfer-encoding`, `connection` and `host` in
+    /// them are ignored (this client frames the body and manages the connection).
+    pub headers: &'a HeaderMap,
+    /// The whole body.
+    pub body: &'a Bytes,
+}
+
 /// Pooled client shared by the proxy and the background checkers. Cheap to clone.
 #[derive(Clone)]
 pub struct HttpClient {
@@ -108,7 +125,7 @@ impl HttpClient {
         }
     }
 
-    /// Sends `req` (its URI must be absolute: `http://host:port/path`), waiting at most
+    /// Sends `req` (its URI must be absolute: `http://host[:port]/path`), waiting at most
     /// `first_byte` for the response head. The body is then read from the connection as it is
     /// polled.
     pub async fn send(
@@ -117,42 +134,70 @@ impl HttpClient {
         first_byte: Duration,
     ) -> Result<Response<UpstreamBody>, SendError> {
         let (parts, body) = req.into_parts();
-        let authority = match (parts.uri.scheme_str(), parts.uri.authority()) {
-            (Some("http"), Some(a)) => a.as_str(),
-            _ => {
-                return Err(SendError::Protocol(format!(
-                    "unsupported upstream URI {}",
-                    parts.uri
-                )))
+        let (Some("http"), Some(a)) = (parts.uri.scheme_str(), parts.uri.authority()) else {
+            return Err(SendError::Protocol(format!(
+                "unsupported upstream URI {}",
+                parts.uri
+            )));
+        };
+        let authority = match a.port_u16() {
+            Some(_) => a.as_str().to_string(),
+            None => format!("{}:80", a.host()),
+        };
+        let host = match parts.headers.get(http::header::HOST) {
+            Some(h) => h.clone(),
+            None => {
+                HeaderValue::from_str(a.as_str()).map_err(|e| SendError::Protocol(e.to_string()))?
             }
         };
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let out = Outgoing {
+            authority: &authority,
+            host: &host,
+            method: &parts.method,
+            path_and_query: path,
+            headers: &parts.headers,
+            body: &body,
+        };
+        self.send_to(out, first_byte).await
+    }
+
+    /// Sends `out`, waiting at most `first_byte` for the response head. The body is then read
+    /// from the connection as it is polled.
+    pub async fn send_to(
+        &self,
+        out: Outgoing<'_>,
+        first_byte: Duration,
+    ) -> Result<Response<UpstreamBody>, SendError> {
+        let body = out.body;
         let inline = body.len() <= INLINE_BODY_BYTES;
         let mut head = BytesMut::with_capacity(256 + if inline { body.len() } else { 0 });
         wire::encode_head(
             &mut head,
-            &parts.method,
-            &parts.uri,
-            &parts.headers,
+            out.method,
+            out.path_and_query,
+            out.host,
+            out.headers,
             body.len(),
         );
         if inline {
-            head.put_slice(&body);
+            head.put_slice(body);
         }
         let rest = if inline { &[][..] } else { &body[..] };
         let exchange = async {
             let mut stale = 0;
             loop {
                 let parked = if stale < MAX_STALE {
-                    pool::checkout(self.settings.id, authority, self.settings.idle_timeout)
+                    pool::checkout(self.settings.id, out.authority, self.settings.idle_timeout)
                 } else {
                     None
                 };
                 let reused = parked.is_some();
                 let conn = match parked {
                     Some(c) => c,
-                    None => self.connect(&parts.uri, authority).await?,
+                    None => self.connect(out.authority).await?,
                 };
-                match exchange(conn, &head, rest, &parts.method).await {
+                match exchange(conn, &head, rest, out.method).await {
                     Ok(resp) => return Ok(resp),
                     Err(Failed::Closed(_)) if reused => stale += 1,
                     Err(Failed::Closed(e)) => {
@@ -170,22 +215,18 @@ impl HttpClient {
         }
     }
 
-    /// A fresh connection to `authority`, bounded by the connect timeout.
-    async fn connect(&self, uri: &Uri, authority: &str) -> Result<Conn, SendError> {
+    /// A fresh connection to `authority` (`host:port`), bounded by the connect timeout.
+    async fn connect(&self, authority: &str) -> Result<Conn, SendError> {
         let s = &self.settings;
-        let target = match uri.port_u16() {
-            Some(_) => authority.to_string(),
-            None => format!("{}:80", uri.host().unwrap_or(authority)),
-        };
         let stream =
-            match tokio::time::timeout(s.connect_timeout, TcpStream::connect(&target)).await {
+            match tokio::time::timeout(s.connect_timeout, TcpStream::connect(authority)).await {
                 Err(_) => {
                     return Err(SendError::Connect(format!(
-                        "{target}: no connection within {} ms",
+                        "{authority}: no connection within {} ms",
                         s.connect_timeout.as_millis()
                     )))
                 }
-                Ok(Err(e)) => return Err(SendError::Connect(format!("{target}: {e}"))),
+                Ok(Err(e)) => return Err(SendError::Connect(format!("{authority}: {e}"))),
                 Ok(Ok(stream)) => stream,
             };
         // Latency over packet count: heads and SSE events are small and must leave at once.
@@ -252,9 +293,8 @@ async fn exchange(
         })?;
     let mut received = false;
     loop {
-        match wire::parse_head(&conn.buf, method) {
-            Ok(Some((h, len))) => {
-                let _ = conn.buf.split_to(len);
+        match wire::parse_head(&mut conn.buf, method) {
+            Ok(Some(h)) => {
                 received = true;
                 let status = h.response.status();
                 // Interim answers (100 Continue, 103 Early Hints) precede the real one.

@@ -7,12 +7,15 @@
 //!   management is this client's, not the original caller's.
 //! - Parsing never panics and never buffers more than [`MAX_HEAD_BYTES`] of head or
 //!   [`MAX_HEADERS`] header fields; anything else is a [`WireError`].
+//! - Connection-level response fields (`Connection`, `Keep-Alive`, `Transfer-Encoding`, `TE`,
+//!   `Trailer`, `Upgrade`, `Proxy-Connection` and whatever `Connection` names) are consumed here
+//!   and never reach the caller's header map.
 //! - A response is reusable (its connection may carry the next request) only if it is HTTP/1.1
 //!   without `connection: close` and its body has a known end (length or chunked).
 
-use bytes::{BufMut, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Uri, Version};
+use bytes::{BufMut, Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
 
 /// Largest response head accepted.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -53,33 +56,29 @@ pub struct Head {
     pub reusable: bool,
 }
 
-/// Appends `method path HTTP/1.1`, the headers and a `content-length` for `body_len` to `out`.
-/// `host` is used when `headers` has none.
+/// Appends `method path HTTP/1.1`, `host`, the end-to-end headers and a `content-length` for
+/// `body_len` to `out`.
 pub fn encode_head(
     out: &mut BytesMut,
     method: &Method,
-    uri: &Uri,
+    path_and_query: &str,
+    host: &HeaderValue,
     headers: &HeaderMap,
     body_len: usize,
 ) {
-    let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     out.put_slice(method.as_str().as_bytes());
     out.put_u8(b' ');
-    out.put_slice(if path.is_empty() {
+    out.put_slice(if path_and_query.is_empty() {
         b"/"
     } else {
-        path.as_bytes()
+        path_and_query.as_bytes()
     });
-    out.put_slice(b" HTTP/1.1\r\n");
-    if !headers.contains_key(HOST) {
-        if let Some(a) = uri.authority() {
-            out.put_slice(b"host: ");
-            out.put_slice(a.as_str().as_bytes());
-            out.put_slice(b"\r\n");
-        }
-    }
+    out.put_slice(b" HTTP/1.1\r\nhost: ");
+    out.put_slice(host.as_bytes());
+    out.put_slice(b"\r\n");
     for (name, value) in headers {
-        if name == CONTENT_LENGTH || name == TRANSFER_ENCODING || name == CONNECTION {
+        if name == CONTENT_LENGTH || name == TRANSFER_ENCODING || name == CONNECTION || name == HOST
+        {
             continue;
         }
         out.put_slice(name.as_str().as_bytes());
@@ -96,49 +95,84 @@ pub fn encode_head(
     out.put_slice(b"\r\n");
 }
 
-/// Parses a response head at the start of `buf`. `Ok(None)`: more bytes are needed. On success
-/// returns the head and its length in bytes; interim 1xx responses (other than 101) are returned
-/// like any other and the caller skips them.
-pub fn parse_head(buf: &[u8], method: &Method) -> Result<Option<(Head, usize)>, WireError> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut fields);
-    let len = match parsed.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => {
-            return if buf.len() >= MAX_HEAD_BYTES {
-                Err(WireError::TooLarge)
-            } else {
-                Ok(None)
-            };
+/// Whether `name` only concerns one connection (RFC 9110 §7.6.1), `Connection` and
+/// `Transfer-Encoding` aside.
+fn is_connection_level(name: &HeaderName) -> bool {
+    name == TE
+        || name == UPGRADE
+        || name == TRAILER
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
+}
+
+/// Parses a response head at the start of `buf` and, when it is complete, removes it from `buf`
+/// (what follows stays: the start of the body). `Ok(None)`: more bytes are needed. Header values
+/// share the head's bytes rather than copying them. Interim 1xx responses (other than 101) are
+/// returned like any other and the caller skips them.
+pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, WireError> {
+    // Where each name and value lies in `buf`, so they can be cut from the head once it is
+    // split off (the parser's borrow of `buf` ends first).
+    let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
+    let (len, code, minor, count) = {
+        let mut fields = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut []);
+        let config = httparse::ParserConfig::default();
+        let len = match config.parse_response_with_uninit_headers(&mut parsed, buf, &mut fields) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) => {
+                return if buf.len() >= MAX_HEAD_BYTES {
+                    Err(WireError::TooLarge)
+                } else {
+                    Ok(None)
+                };
+            }
+            Err(httparse::Error::TooManyHeaders) => return Err(WireError::TooLarge),
+            Err(e) => return Err(WireError::Invalid(e.to_string())),
+        };
+        if len > MAX_HEAD_BYTES {
+            return Err(WireError::TooLarge);
         }
-        Err(httparse::Error::TooManyHeaders) => return Err(WireError::TooLarge),
-        Err(e) => return Err(WireError::Invalid(e.to_string())),
+        let base = buf.as_ptr() as usize;
+        for (span, h) in spans.iter_mut().zip(parsed.headers.iter()) {
+            // Both slices point into `buf` (httparse never copies), within MAX_HEAD_BYTES.
+            let name_at = h.name.as_ptr() as usize - base;
+            let value_at = h.value.as_ptr() as usize - base;
+            *span = (
+                name_at as u32,
+                h.name.len() as u32,
+                value_at as u32,
+                h.value.len() as u32,
+            );
+        }
+        (len, parsed.code, parsed.version, parsed.headers.len())
     };
-    if len > MAX_HEAD_BYTES {
-        return Err(WireError::TooLarge);
-    }
-    let code = parsed
-        .code
-        .ok_or_else(|| WireError::Invalid("no status".into()))?;
+    let head = buf.split_to(len).freeze();
+    let code = code.ok_or_else(|| WireError::Invalid("no status".into()))?;
     let status =
         StatusCode::from_u16(code).map_err(|_| WireError::Invalid(format!("status {code}")))?;
-    let version = if parsed.version == Some(1) {
+    let version = if minor == Some(1) {
         Version::HTTP_11
     } else {
         Version::HTTP_10
     };
-    let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+    let mut headers = HeaderMap::with_capacity(count);
     let mut length: Option<u64> = None;
     let mut chunked = false;
     let mut encoded = false;
     let mut close = version == Version::HTTP_10;
-    for h in parsed.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes())
-            .map_err(|_| WireError::Invalid(format!("header name {:?}", h.name)))?;
-        let value = HeaderValue::from_bytes(h.value)
-            .map_err(|_| WireError::Invalid(format!("value of {name}")))?;
+    let mut listed: Option<Bytes> = None;
+    for &(name_at, name_len, value_at, value_len) in &spans[..count] {
+        let (name_at, value_at) = (name_at as usize, value_at as usize);
+        let raw_name = &head[name_at..name_at + name_len as usize];
+        let raw_value = head.slice(value_at..value_at + value_len as usize);
+        let name = HeaderName::from_bytes(raw_name).map_err(|_| {
+            WireError::Invalid(format!(
+                "header name {:?}",
+                String::from_utf8_lossy(raw_name)
+            ))
+        })?;
         if name == CONTENT_LENGTH {
-            let n = std::str::from_utf8(h.value)
+            let n = std::str::from_utf8(&raw_value)
                 .ok()
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .ok_or_else(|| WireError::Invalid("content-length".into()))?;
@@ -149,13 +183,12 @@ pub fn parse_head(buf: &[u8], method: &Method) -> Result<Option<(Head, usize)>, 
         } else if name == TRANSFER_ENCODING {
             encoded = true;
             // Only the last coding decides whether the body is chunked.
-            chunked = h
-                .value
+            chunked = raw_value
                 .rsplit(|&b| b == b',')
                 .next()
                 .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
         } else if name == CONNECTION {
-            for token in h.value.split(|&b| b == b',') {
+            for token in raw_value.split(|&b| b == b',') {
                 let token = token.trim_ascii();
                 if token.eq_ignore_ascii_case(b"close") {
                     close = true;
@@ -163,8 +196,29 @@ pub fn parse_head(buf: &[u8], method: &Method) -> Result<Option<(Head, usize)>, 
                     close = false;
                 }
             }
+            listed = Some(raw_value);
+            continue;
         }
+        // Connection-level fields end here: the body is decoded by this client and the
+        // connection is this client's to manage.
+        if name == TRANSFER_ENCODING || is_connection_level(&name) {
+            continue;
+        }
+        let value = HeaderValue::from_maybe_shared(raw_value)
+            .map_err(|_| WireError::Invalid(format!("value of {name}")))?;
         headers.append(name, value);
+    }
+    // Fields the server named in `Connection` are connection-level too (RFC 9110 §7.6.1).
+    if let Some(list) = listed {
+        for token in list.split(|&b| b == b',') {
+            let token = token.trim_ascii();
+            if token.eq_ignore_ascii_case(b"close") || token.eq_ignore_ascii_case(b"keep-alive") {
+                continue;
+            }
+            if let Ok(n) = HeaderName::from_bytes(token) {
+                headers.remove(n);
+            }
+        }
     }
     let framing = if *method == Method::HEAD
         || status.is_informational()
@@ -191,25 +245,26 @@ pub fn parse_head(buf: &[u8], method: &Method) -> Result<Option<(Head, usize)>, 
     *response.status_mut() = status;
     *response.version_mut() = version;
     *response.headers_mut() = headers;
-    Ok(Some((
-        Head {
-            response,
-            framing,
-            // After 101 the connection speaks another protocol.
-            reusable: !close
-                && framing != Framing::UntilClose
-                && status != StatusCode::SWITCHING_PROTOCOLS,
-        },
-        len,
-    )))
+    Ok(Some(Head {
+        response,
+        framing,
+        // After 101 the connection speaks another protocol.
+        reusable: !close
+            && framing != Framing::UntilClose
+            && status != StatusCode::SWITCHING_PROTOCOLS,
+    }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn head(s: &[u8], method: &Method) -> Result<Option<Head>, WireError> {
+        parse_head(&mut BytesMut::from(s), method)
+    }
+
     fn parse(s: &str) -> Head {
-        parse_head(s.as_bytes(), &Method::POST).unwrap().unwrap().0
+        head(s.as_bytes(), &Method::POST).unwrap().unwrap()
     }
 
     #[test]
@@ -219,12 +274,12 @@ mod tests {
         h.insert(CONTENT_LENGTH, HeaderValue::from_static("999"));
         h.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
         h.insert(CONNECTION, HeaderValue::from_static("close"));
+        h.insert(HOST, HeaderValue::from_static("client.example"));
         h.insert("x-unknown", HeaderValue::from_static("kept"));
-        let uri: Uri = "http://10.0.0.1:8000/v1/chat/completions?a=1"
-            .parse()
-            .unwrap();
+        let host = HeaderValue::from_static("10.0.0.1:8000");
         let mut out = BytesMut::new();
-        encode_head(&mut out, &Method::POST, &uri, &h, 12);
+        let path = "/v1/chat/completions?a=1";
+        encode_head(&mut out, &Method::POST, path, &host, &h, 12);
         assert_eq!(
             &out[..],
             b"POST /v1/chat/completions?a=1 HTTP/1.1\r\nhost: 10.0.0.1:8000\r\n\
@@ -234,9 +289,16 @@ mod tests {
 
     #[test]
     fn get_without_body_has_no_content_length() {
-        let uri: Uri = "http://h:1/health".parse().unwrap();
         let mut out = BytesMut::new();
-        encode_head(&mut out, &Method::GET, &uri, &HeaderMap::new(), 0);
+        let host = HeaderValue::from_static("h:1");
+        encode_head(
+            &mut out,
+            &Method::GET,
+            "/health",
+            &host,
+            &HeaderMap::new(),
+            0,
+        );
         assert_eq!(&out[..], b"GET /health HTTP/1.1\r\nhost: h:1\r\n\r\n");
     }
 
@@ -260,46 +322,61 @@ mod tests {
         assert!(!h.reusable);
         let h = parse("HTTP/1.0 200 OK\r\ncontent-length: 5\r\nconnection: keep-alive\r\n\r\n");
         assert!(h.reusable);
-        let h = parse_head(
+        let h = head(
             b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n",
             &Method::HEAD,
         )
         .unwrap()
-        .unwrap()
-        .0;
+        .unwrap();
         assert_eq!(h.framing, Framing::Empty);
     }
 
     #[test]
-    fn keeps_status_and_every_header() {
-        let h = parse("HTTP/1.1 429 Too Many Requests\r\nretry-after: 2\r\nx-a: 1\r\nx-a: 2\r\ncontent-length: 0\r\n\r\n");
+    fn keeps_status_and_every_header_and_leaves_the_body() {
+        let mut buf = BytesMut::from(
+            &b"HTTP/1.1 429 Too Many Requests\r\nretry-after: 2\r\nx-a: 1\r\nx-a: 2\r\ncontent-length: 4\r\n\r\nbody"[..],
+        );
+        let h = parse_head(&mut buf, &Method::POST).unwrap().unwrap();
+        assert_eq!(&buf[..], b"body");
         assert_eq!(h.response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(h.response.headers().get_all("x-a").iter().count(), 2);
         assert_eq!(h.response.headers()["retry-after"], "2");
     }
 
     #[test]
+    fn connection_level_fields_are_consumed() {
+        let h = parse(
+            "HTTP/1.1 200 OK\r\nconnection: keep-alive, x-hop\r\nkeep-alive: timeout=5\r\n\
+             transfer-encoding: chunked\r\nx-hop: 1\r\nx-end: 2\r\ncontent-type: text/event-stream\r\n\r\n",
+        );
+        let mut names: Vec<&str> = h.response.headers().keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["content-type", "x-end"]);
+        assert_eq!(h.framing, Framing::Chunked);
+    }
+
+    #[test]
     fn partial_heads_ask_for_more_and_bad_ones_fail() {
-        assert!(parse_head(b"HTTP/1.1 200 OK\r\ncontent-le", &Method::POST)
+        assert!(head(b"HTTP/1.1 200 OK\r\ncontent-le", &Method::POST)
             .unwrap()
             .is_none());
-        assert!(parse_head(
+        assert!(head(
             b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n",
             &Method::POST
         )
         .is_err());
-        assert!(parse_head(
+        assert!(head(
             b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
             &Method::POST
         )
         .is_err());
-        assert!(parse_head(b"SSH-2.0-OpenSSH\r\n\r\n", &Method::POST).is_err());
+        assert!(head(b"SSH-2.0-OpenSSH\r\n\r\n", &Method::POST).is_err());
         let mut big = b"HTTP/1.1 200 OK\r\n".to_vec();
         while big.len() < MAX_HEAD_BYTES {
             big.extend_from_slice(b"x-filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
         }
         assert!(matches!(
-            parse_head(&big, &Method::POST),
+            head(&big, &Method::POST),
             Err(WireError::TooLarge)
         ));
     }

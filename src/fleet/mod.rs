@@ -90,6 +90,8 @@ pub struct Instance {
     pub pool: usize,
     /// `host:port`.
     pub authority: String,
+    /// `authority` as the `Host` header of requests to it, prebuilt for the request path.
+    pub host_header: HeaderValue,
     /// `authority`, parsed once for building request URIs.
     authority_parsed: http::uri::Authority,
     /// Its configuration (KV event endpoints etc., read by the event ingestion).
@@ -177,6 +179,8 @@ impl Fleet {
                     .map_err(|e| GatewayError::Internal(e.to_string()))?;
                 let authority_parsed = http::uri::Authority::try_from(authority.as_str())
                     .map_err(|e| GatewayError::Internal(e.to_string()))?;
+                let host_header = HeaderValue::from_str(&authority)
+                    .map_err(|e| GatewayError::Internal(e.to_string()))?;
                 let id = InstanceId(instances.len() as u32);
                 members.push(id);
                 instances.push(Instance {
@@ -184,6 +188,7 @@ impl Fleet {
                     name_header,
                     pool: p,
                     authority,
+                    host_header,
                     authority_parsed,
                     config: ic.clone(),
                     flavour: pc.flavour,

@@ -141,8 +141,9 @@ pin_project! {
     pub struct ProxyBody {
         #[pin]
         inner: UpstreamBody,
-        #[pin]
-        idle: tokio::time::Sleep,
+        // Armed the first time the upstream makes us wait: most non-streaming answers arrive
+        // whole with their head and never need a timer.
+        idle: Option<Pin<Box<tokio::time::Sleep>>>,
         idle_after: Duration,
         tracker: Tracker,
     }
@@ -156,7 +157,7 @@ impl ProxyBody {
         }
         Self {
             inner,
-            idle: tokio::time::sleep(idle_after),
+            idle: None,
             idle_after,
             tracker,
         }
@@ -182,8 +183,10 @@ impl Body for ProxyBody {
                     // After the last frame there is nothing left to time (and re-arming a timer
                     // takes the timer driver's lock twice: to insert it and to drop it).
                     if !ended {
-                        let deadline = tokio::time::Instant::now() + *this.idle_after;
-                        this.idle.as_mut().reset(deadline);
+                        if let Some(idle) = this.idle.as_mut() {
+                            idle.as_mut()
+                                .reset(tokio::time::Instant::now() + *this.idle_after);
+                        }
                     }
                 }
                 // With a known length the server stops polling after the last frame.
@@ -201,7 +204,10 @@ impl Body for ProxyBody {
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                if this.idle.poll(cx).is_ready() {
+                let idle = this
+                    .idle
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(*this.idle_after)));
+                if idle.as_mut().poll(cx).is_ready() {
                     this.tracker.finish(End::Idle);
                     return Poll::Ready(Some(Err(Box::new(IdleTimeout(*this.idle_after)))));
                 }
@@ -216,5 +222,59 @@ impl Body for ProxyBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+pin_project! {
+    /// The body of any response the gateway sends: a relayed upstream body, or one the gateway
+    /// made (errors, admin pages). An enum rather than a boxed body, so relaying costs no dynamic
+    /// dispatch.
+    #[project = GatewayBodyProj]
+    pub enum GatewayBody {
+        /// Relayed from an instance.
+        Relay {
+            #[pin]
+            body: ProxyBody,
+        },
+        /// Made by the gateway.
+        Plain {
+            body: axum::body::Body,
+        },
+    }
+}
+
+impl GatewayBody {
+    /// A body made by the gateway.
+    pub fn plain(body: axum::body::Body) -> Self {
+        GatewayBody::Plain { body }
+    }
+}
+
+impl Body for GatewayBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.project() {
+            GatewayBodyProj::Relay { body } => body.poll_frame(cx),
+            GatewayBodyProj::Plain { body } => Pin::new(body).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            GatewayBody::Relay { body } => body.is_end_stream(),
+            GatewayBody::Plain { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            GatewayBody::Relay { body } => body.size_hint(),
+            GatewayBody::Plain { body } => body.size_hint(),
+        }
     }
 }

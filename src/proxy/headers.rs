@@ -27,6 +27,15 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 
 /// Removes hop-by-hop headers (and those listed in `Connection`) in place.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // One pass of cheap comparisons first: usually there is nothing to remove, and a removal
+    // hashes its name.
+    let proxy_connection = HeaderName::from_static("proxy-connection");
+    if !headers
+        .keys()
+        .any(|k| HOP_BY_HOP.contains(k) || *k == proxy_connection)
+    {
+        return;
+    }
     if let Some(conn) = headers.get(header::CONNECTION).cloned() {
         if let Ok(list) = conn.to_str() {
             for name in list.split(',') {
@@ -39,7 +48,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for h in HOP_BY_HOP.iter() {
         headers.remove(h);
     }
-    headers.remove(HeaderName::from_static("proxy-connection"));
+    headers.remove(proxy_connection);
 }
 
 /// The client's request id if it sent a usable one, else a fresh one.

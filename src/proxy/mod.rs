@@ -13,16 +13,16 @@ pub mod body;
 pub mod headers;
 pub mod parse;
 pub mod server;
+pub mod service;
 
 use crate::app::AppState;
-use crate::client::SendError;
+use crate::client::{Outgoing, SendError};
 use crate::error::{Fault, GatewayError};
 use crate::fleet::Pool;
 use crate::metrics;
-use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use body::{ProxyBody, Tracker};
+use body::{BoxError, GatewayBody, ProxyBody, Tracker};
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -32,22 +32,31 @@ use std::time::{Duration, Instant};
 
 /// `POST /v1/chat/completions`
 pub async fn chat(State(s): State<AppState>, req: Request) -> Response {
-    handle(s, Endpoint::Chat, req).await
+    handle(s, Endpoint::Chat, req).await.into_response()
 }
 /// `POST /v1/completions`
 pub async fn completions(State(s): State<AppState>, req: Request) -> Response {
-    handle(s, Endpoint::Completions, req).await
+    handle(s, Endpoint::Completions, req).await.into_response()
 }
 /// `POST /v1/embeddings`
 pub async fn embeddings(State(s): State<AppState>, req: Request) -> Response {
-    handle(s, Endpoint::Embeddings, req).await
+    handle(s, Endpoint::Embeddings, req).await.into_response()
 }
 /// `POST /v1/responses`
 pub async fn responses(State(s): State<AppState>, req: Request) -> Response {
-    handle(s, Endpoint::Responses, req).await
+    handle(s, Endpoint::Responses, req).await.into_response()
 }
 
-async fn handle(state: AppState, endpoint: Endpoint, req: Request) -> Response {
+/// Proxies one request to `endpoint`: the whole request path, errors included.
+pub async fn handle<B>(
+    state: AppState,
+    endpoint: Endpoint,
+    req: http::Request<B>,
+) -> http::Response<GatewayBody>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     let started = Instant::now();
     let rid = headers::request_id(req.headers(), &state.request_id_header);
     let mut resp = match forward(&state, endpoint, req, &rid, started).await {
@@ -65,7 +74,7 @@ async fn handle(state: AppState, endpoint: Endpoint, req: Request) -> Response {
                 }
                 _ => tracing::warn!(request_id = ?rid, code = e.code(), "failed: {e}"),
             }
-            e.into_response()
+            e.into_response().map(GatewayBody::plain)
         }
     };
     resp.headers_mut()
@@ -73,7 +82,11 @@ async fn handle(state: AppState, endpoint: Endpoint, req: Request) -> Response {
     resp
 }
 
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, GatewayError> {
+async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, GatewayError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     match Limited::new(body, limit).collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
@@ -90,13 +103,17 @@ fn has_candidate(state: &AppState, pool: &Pool, tried: &[InstanceId]) -> bool {
         .any(|id| !tried.contains(id) && state.fleet.instance(*id).health.usable(now))
 }
 
-async fn forward(
+async fn forward<B>(
     state: &AppState,
     endpoint: Endpoint,
-    req: Request,
+    req: http::Request<B>,
     rid: &HeaderValue,
     started: Instant,
-) -> Result<Response, GatewayError> {
+) -> Result<http::Response<GatewayBody>, GatewayError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     let (parts, body) = req.into_parts();
     headers::is_json(&parts.headers).map_err(GatewayError::UnsupportedMediaType)?;
     let limit = state.config.server.body_limit_bytes;
@@ -117,15 +134,14 @@ async fn forward(
 
     let mut up_headers = parts.headers;
     headers::strip_hop_by_hop(&mut up_headers);
-    up_headers.remove(header::HOST);
     up_headers.insert(state.request_id_header.clone(), rid.clone());
+    let query_path;
     let path_and_query = match parts.uri.query() {
-        Some(q) => http::uri::PathAndQuery::try_from(format!("{}?{}", endpoint.path(), q))
-            .map_err(|e| GatewayError::InvalidField {
-                field: "query",
-                message: e.to_string(),
-            })?,
-        None => http::uri::PathAndQuery::from_static(endpoint.path()),
+        Some(q) => {
+            query_path = format!("{}?{}", endpoint.path(), q);
+            query_path.as_str()
+        }
+        None => endpoint.path(),
     };
     let cfg = &state.config;
     let first_byte = Duration::from_millis(cfg.upstream.first_byte_timeout_ms);
@@ -148,20 +164,16 @@ async fn forward(
         let id = routed.chosen;
         state.events.note_dispatch(id);
         let inst = state.fleet.instance(id);
-        let mut up = http::Request::new(bytes.clone());
-        *up.method_mut() = Method::POST;
-        *up.uri_mut() = inst.uri_with(path_and_query.clone())?;
-        *up.headers_mut() = up_headers.clone();
-        // Set here from the instance's authority: the client would otherwise format it per request.
-        if let Some(Ok(host)) = up
-            .uri()
-            .authority()
-            .map(|a| HeaderValue::from_str(a.as_str()))
-        {
-            up.headers_mut().insert(header::HOST, host);
-        }
+        let up = Outgoing {
+            authority: &inst.authority,
+            host: &inst.host_header,
+            method: &Method::POST,
+            path_and_query,
+            headers: &up_headers,
+            body: &bytes,
+        };
         let sent = Instant::now();
-        match state.client.send(up, first_byte).await {
+        match state.client.send_to(up, first_byte).await {
             Ok(resp) => {
                 inst.health.record_success();
                 inst.header_latency
@@ -224,7 +236,7 @@ fn relay(
     routed: crate::routing::Routed,
     started: Instant,
     stream: bool,
-) -> Response {
+) -> http::Response<GatewayBody> {
     let (mut parts, body) = resp.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
     let inst = state.fleet.instance(routed.chosen);
@@ -254,5 +266,5 @@ fn relay(
     );
     let idle = Duration::from_millis(state.config.upstream.idle_timeout_ms);
     let body = ProxyBody::new(body, idle, tracker);
-    Response::from_parts(parts, Body::new(body)).into_response()
+    http::Response::from_parts(parts, GatewayBody::Relay { body })
 }

@@ -27,6 +27,16 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
+    /// The endpoint served at `path`, if any.
+    pub fn for_path(path: &str) -> Option<Self> {
+        match path {
+            "/v1/chat/completions" => Some(Endpoint::Chat),
+            "/v1/completions" => Some(Endpoint::Completions),
+            "/v1/embeddings" => Some(Endpoint::Embeddings),
+            "/v1/responses" => Some(Endpoint::Responses),
+            _ => None,
+        }
+    }
     /// Upstream path.
     pub fn path(self) -> &'static str {
         match self {

@@ -1,4 +1,4 @@
-//! Thread-per-core serving for the binary: one acceptor hands every accepted connection to one of
+//! Thread-per-core serving (the binary's, and [`crate::app::run`]'s with one thread): one acceptor hands every accepted connection to one of
 //! N single-threaded runtimes, which serve it to its end.
 //!
 //! Why: on a connection's thread the request, its routing, the upstream exchange (the upstream
@@ -8,48 +8,20 @@
 //!
 //! Invariants:
 //! - A connection is assigned to a worker once, round-robin at accept, and never migrates.
-//! - Background tasks and gossip run on the caller's runtime, exactly as with [`crate::app::run`].
+//! - Background tasks and gossip run on the caller's runtime.
 //! - Shutdown: the acceptor stops accepting, every worker drains its connections for up to
 //!   `server.shutdown_grace_ms`, then drops what is left; [`run`] returns once every worker exited.
 
+use super::service::GatewayService;
 use crate::app::{self, AppState};
-use axum::serve::Listener;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-
-/// Receives connections accepted elsewhere and registers them with the current runtime.
-struct Handoff {
-    rx: mpsc::UnboundedReceiver<std::net::TcpStream>,
-    local: SocketAddr,
-}
-
-impl Listener for Handoff {
-    type Io = TcpStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (TcpStream, SocketAddr) {
-        loop {
-            let Some(std) = self.rx.recv().await else {
-                // The acceptor is gone: shutdown is under way and ends this worker's serve loop.
-                std::future::pending::<()>().await;
-                continue;
-            };
-            let Ok(stream) = TcpStream::from_std(std) else {
-                continue;
-            };
-            let peer = stream.peer_addr().unwrap_or(self.local);
-            return (stream, peer);
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        Ok(self.local)
-    }
-}
 
 /// Serves `state` on `listener` with `threads` single-threaded worker runtimes until `shutdown`
 /// resolves, then drains for the grace period. Must be called from within a Tokio runtime, which
@@ -61,7 +33,6 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let threads = threads.max(1);
-    let local = listener.local_addr()?;
     let token = CancellationToken::new();
     let gossip = app::start_gossip(&state).await?;
     let background = app::spawn_background(&state, token.clone());
@@ -80,7 +51,7 @@ pub async fn run(
         std::thread::Builder::new()
             .name(format!("kvgate-io-{i}"))
             .spawn(move || {
-                rt.block_on(worker(Handoff { rx, local }, state, stop, grace));
+                rt.block_on(worker(rx, state, stop, grace));
                 // Connections still open after the grace period are dropped with the runtime.
                 drop(rt);
                 let _ = done_tx.send(());
@@ -128,19 +99,42 @@ pub async fn run(
     Ok(())
 }
 
-/// One worker: serves the connections handed to it until shutdown, then drains for `grace`.
-async fn worker(listener: Handoff, state: AppState, token: CancellationToken, grace: Duration) {
+/// One worker: serves the connections handed to it (HTTP/1.1, or HTTP/2 with prior knowledge)
+/// until shutdown, then drains for `grace`.
+async fn worker(
+    mut incoming: mpsc::UnboundedReceiver<std::net::TcpStream>,
+    state: AppState,
+    token: CancellationToken,
+    grace: Duration,
+) {
     let anchor = tokio::spawn(timer_anchor());
-    let stop = token.clone();
-    let serve = axum::serve(listener, app::router(state))
-        .with_graceful_shutdown(async move { stop.cancelled().await });
-    tokio::select! {
-        r = serve => {
-            if let Err(e) = r {
-                tracing::warn!("serving thread failed: {e}");
+    let service = GatewayService::new(state);
+    let builder = auto::Builder::new(TokioExecutor::new());
+    let graceful = GracefulShutdown::new();
+    loop {
+        let std = tokio::select! {
+            s = incoming.recv() => match s {
+                Some(s) => s,
+                None => break,
+            },
+            _ = token.cancelled() => break,
+        };
+        let Ok(stream) = TcpStream::from_std(std) else {
+            continue;
+        };
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service.clone())
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("connection ended with an error: {e}");
             }
-        }
-        _ = async { token.cancelled().await; tokio::time::sleep(grace).await } => {
+        });
+    }
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(grace) => {
             tracing::warn!("shutdown grace period of {} ms elapsed; dropping remaining requests", grace.as_millis());
         }
     }
