@@ -4,6 +4,9 @@
 # Targets (all on 127.0.0.1): `direct` — wrk straight to one static backend (nginx returning a
 # fixed small JSON); `nginx` — nginx as a plain keep-alive reverse proxy to 4 such backends;
 # `kvgate` — the release build of kvgate (text-mode hashing, policy $POLICY) in front of the same 4.
+# The backends run in their own nginx (2 workers) and the nginx proxy in another (2 workers), so
+# both proxies reach the backends across processes alike (a proxy sharing worker processes with
+# its backends would hand many requests to itself without a context switch).
 # Each target is measured with 1 and 32 connections, with a small and a ~32 KiB POST body, for
 # $DURATION each. Prints a Markdown table with kvgate/nginx throughput ratios and the p50 latency
 # each proxy adds over the direct path.
@@ -66,7 +69,7 @@ for _ in 1 2 3 4; do B+=("$(free_port)"); done
 NGINX_PORT=$(free_port)
 KVGATE_PORT=$(free_port)
 
-# Static backends and the reverse proxy, one nginx with 2 workers (one per core).
+# Static backends: one nginx with 2 workers (one per core).
 {
     echo "worker_processes 2;"
     echo "pid $WORK/nginx.pid;"
@@ -82,6 +85,21 @@ KVGATE_PORT=$(free_port)
         echo "  server { listen 127.0.0.1:$p; location / { default_type application/json;"
         echo "    return 200 '{\"id\":\"cmpl-1\",\"object\":\"chat.completion\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"ok\"},\"finish_reason\":\"stop\"}]}'; } }"
     done
+    echo "}"
+} >"$WORK/nginx.conf"
+# The reverse proxy: another nginx with 2 workers.
+mkdir -p "$WORK/proxy-prefix"
+{
+    echo "worker_processes 2;"
+    echo "pid $WORK/nginx-proxy.pid;"
+    echo "error_log $WORK/nginx-proxy-error.log warn;"
+    echo "events { worker_connections 4096; }"
+    echo "http {"
+    echo "  access_log off;"
+    echo "  client_body_buffer_size 64k;"
+    echo "  client_body_temp_path $WORK/pbody; proxy_temp_path $WORK/pproxy;"
+    echo "  fastcgi_temp_path $WORK/pfcgi; uwsgi_temp_path $WORK/puwsgi; scgi_temp_path $WORK/pscgi;"
+    echo "  keepalive_requests 1000000;"
     echo "  upstream backends { keepalive 256;"
     for p in "${B[@]}"; do echo "    server 127.0.0.1:$p;"; done
     echo "  }"
@@ -89,7 +107,10 @@ KVGATE_PORT=$(free_port)
     echo "    proxy_pass http://backends; proxy_http_version 1.1; proxy_set_header Connection \"\";"
     echo "    proxy_buffering off; } }"
     echo "}"
-} >"$WORK/nginx.conf"
+} >"$WORK/nginx-proxy.conf"
+"$NGINX" -p "$WORK/proxy-prefix" -c "$WORK/nginx-proxy.conf" -g 'daemon off;' &
+PIDS+=($!)
+NGINX_PROXY_PID=$!
 "$NGINX" -p "$WORK" -c "$WORK/nginx.conf" -g 'daemon off;' &
 PIDS+=($!)
 
@@ -109,6 +130,7 @@ PIDS+=($!)
 } >"$WORK/kvgate.toml"
 "$BIN" --config "$WORK/kvgate.toml" &
 PIDS+=($!)
+KVGATE_PID=$!
 
 for _ in $(seq 1 100); do
     if curl -fsS "http://127.0.0.1:$KVGATE_PORT/ready" >/dev/null 2>&1 \
@@ -141,18 +163,38 @@ end
 ''')
 PY
 
-declare -A RPS P50 P99 ERR
-run_cell() { # target url conns body: appends this round's figures to the cell's lists
-    local target=$1 url=$2 conns=$3 body=$4 threads=1
+# CPU time (user + system, in clock ticks) of a process, its threads and its child processes:
+# what a proxy spends, whatever else runs on the machine.
+cpu_ticks() {
+    local total=0 pid t
+    for pid in "$1" $(pgrep -P "$1" || true); do
+        for t in /proc/"$pid"/task/*/stat; do
+            [ -r "$t" ] && total=$((total + $(awk '{ print $14 + $15 }' "$t" 2>/dev/null || echo 0)))
+        done
+    done
+    echo "$total"
+}
+TICKS=$(getconf CLK_TCK)
+
+declare -A RPS P50 P99 ERR CPU
+run_cell() { # target url conns body [pid]: appends this round's figures to the cell's lists
+    local target=$1 url=$2 conns=$3 body=$4 pid=${5:-} threads=1
     [ "$conns" -gt 1 ] && threads=2
-    local out k="$1,$3,$4"
+    local out k="$1,$3,$4" before=0 after=0
+    [ -n "$pid" ] && before=$(cpu_ticks "$pid")
     out=$(wrk -t"$threads" -c"$conns" -d"$DURATION" --latency -s "$WORK/$body.lua" "$url" 2>&1 | grep '^RESULT' || true)
-    read -r _ rps p50 p99 err _ <<<"${out:-RESULT 0 0 0 -1 0}"
+    [ -n "$pid" ] && after=$(cpu_ticks "$pid")
+    read -r _ rps p50 p99 err n <<<"${out:-RESULT 0 0 0 -1 0}"
     RPS[$k]="${RPS[$k]:-} $rps"
     P50[$k]="${P50[$k]:-} $p50"
     P99[$k]="${P99[$k]:-} $p99"
     ERR[$k]=$(( ${ERR[$k]:-0} + err ))
-    echo "  $target c=$conns $body: $rps req/s p50 ${p50}us p99 ${p99}us errors $err" >&2
+    local cpu=""
+    if [ -n "$pid" ] && [ "${n:-0}" -gt 0 ]; then
+        cpu=$(awk -v t=$((after - before)) -v n="$n" -v hz="$TICKS" 'BEGIN { printf "%.1f", t * 1e6 / hz / n }')
+        CPU[$k]="${CPU[$k]:-} $cpu"
+    fi
+    echo "  $target c=$conns $body: $rps req/s p50 ${p50}us p99 ${p99}us errors $err${cpu:+ cpu ${cpu}us/req}" >&2
 }
 
 # The median of a list of numbers.
@@ -165,14 +207,15 @@ for body in small large; do
         # falls on all of them rather than on one; each figure is the median over the rounds.
         for _ in $(seq 1 "$ROUNDS"); do
             run_cell direct "http://127.0.0.1:${B[0]}/v1/chat/completions" "$conns" "$body"
-            run_cell nginx "http://127.0.0.1:$NGINX_PORT/v1/chat/completions" "$conns" "$body"
-            run_cell kvgate "http://127.0.0.1:$KVGATE_PORT/v1/chat/completions" "$conns" "$body"
+            run_cell nginx "http://127.0.0.1:$NGINX_PORT/v1/chat/completions" "$conns" "$body" "$NGINX_PROXY_PID"
+            run_cell kvgate "http://127.0.0.1:$KVGATE_PORT/v1/chat/completions" "$conns" "$body" "$KVGATE_PID"
         done
         for target in direct nginx kvgate; do
             k="$target,$conns,$body"
             RPS[$k]=$(median "${RPS[$k]}")
             P50[$k]=$(median "${P50[$k]}")
             P99[$k]=$(median "${P99[$k]}")
+            [ -n "${CPU[$k]:-}" ] && CPU[$k]=$(median "${CPU[$k]}")
         done
     done
 done
@@ -181,8 +224,8 @@ ms() { awk -v u="$1" 'BEGIN { printf "%.3f", u / 1000 }'; }
 echo
 echo "kvgate overhead ($(nproc) cores, wrk $DURATION per cell, median of $ROUNDS round(s), policy $POLICY, text mode)"
 echo
-echo "| body | conns | path | req/s | p50 ms | p99 ms | errors | kvgate/nginx req/s | added p50 µs |"
-echo "|---|---:|---|---:|---:|---:|---:|---:|---:|"
+echo "| body | conns | path | req/s | p50 ms | p99 ms | errors | proxy CPU µs/req | kvgate/nginx req/s | added p50 µs |"
+echo "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"
 for body in small large; do
     for conns in 1 32; do
         for target in direct nginx kvgate; do
@@ -195,7 +238,7 @@ for body in small large; do
             if [ "$target" != direct ]; then
                 added=$(awk -v a="${P50[$k]}" -v b="${P50[direct,$conns,$body]}" 'BEGIN { printf "%.0f", a - b }')
             fi
-            echo "| $body | $conns | $target | ${RPS[$k]} | $(ms "${P50[$k]}") | $(ms "${P99[$k]}") | ${ERR[$k]} | $ratio | $added |"
+            echo "| $body | $conns | $target | ${RPS[$k]} | $(ms "${P50[$k]}") | $(ms "${P99[$k]}") | ${ERR[$k]} | ${CPU[$k]:-} | $ratio | $added |"
         done
     done
 done
