@@ -255,3 +255,44 @@ fn foreign_engine_queue_counts_as_load() {
         .collect();
     assert_eq!(picks.len(), 2);
 }
+
+/// A prefix shared by all traffic, held by two instances that are busy (a request prefilling
+/// and several users streaming on each) while a third sits idle: the idle instance's time is
+/// free for the fleet, so it recomputes the prefix and takes the request. In a closed loop where
+/// the holders keep sequences decoding, every instance ends up holding the prefix and serving.
+#[test]
+fn f_shared_prefix_holders_busier_than_an_idle_instance_lose_traffic_to_it() {
+    let p = Kvgate::default();
+    let system: Vec<u64> = (0..64).collect();
+    let hashes = chain(&system, 1, 36);
+    let busy_holder = |id| {
+        let mut c = cand(id, 64, 576, 7);
+        c.load.decoding = 6;
+        c
+    };
+    let cs = [busy_holder(0), busy_holder(1), cand(2, 0, 0, 0)];
+    for seed in 0..32 {
+        assert_eq!(pick(&p, &hashes, &cs, seed), 2);
+    }
+    // Idle holders keep it: the recompute would only add to this request's wait.
+    let cs = [cand(0, 64, 0, 0), cand(1, 64, 0, 0), cand(2, 0, 0, 0)];
+    for seed in 0..32 {
+        assert_ne!(pick(&p, &hashes, &cs, seed), 2);
+    }
+
+    // Closed loop with no prefill queue at all: each request's prefill ends before the next
+    // arrives and it then decodes while the next 48 requests are dispatched. Only the stall its
+    // prefill imposes on a holder's decoding users moves traffic; every instance ends up holding
+    // the prefix and serving.
+    let mut fleet = Fleet::new(4, 48);
+    for k in 0..300 {
+        fleet.route(&chain(&system, k, 36), k);
+        if let Some(g) = fleet.guards.back_mut() {
+            g.first_token();
+        }
+    }
+    assert!(fleet.counts.iter().all(|&c| c >= 40), "{:?}", fleet.counts);
+    let mut out = PrefixMatches::default();
+    fleet.index.match_prefix(&system, 0, &mut out);
+    assert_eq!(out.rows.len(), 4);
+}

@@ -120,14 +120,28 @@ pub struct KvgateParams {
     /// Fraction saved by a block on disk / remote offload. Default 0.5.
     pub disk_credit: f64,
     /// Base price of recomputing blocks another instance holds, as a multiple of the recompute
-    /// time. Default 1.0.
+    /// time, on an instance with requests in flight. Default 1.0.
     pub fleet_weight: f64,
+    /// The same base price on an instance with nothing in flight: its time is otherwise unused,
+    /// so a recompute there delays no one and its copy (a new replica of a prefix the others
+    /// hold) serves later requests. Default 0.0.
+    pub idle_fleet_weight: f64,
     /// Added to the price per request waiting for its first token on the candidate (how many
     /// requests a recompute there delays grows with its queue). Default 0.5.
     pub fleet_load_weight: f64,
     /// Upper bound of the total price multiplier, so a deep queue can never pin traffic to a
     /// hot instance forever. Default 8.0.
     pub fleet_max_factor: f64,
+    /// Fraction of the recompute not charged to a request that makes a new replica of a shared
+    /// prefix (held by several instances, all with work in flight) on an instance with nothing
+    /// in flight: the copy serves later requests, so its cost is theirs to share, not this
+    /// request's alone. Default 1.0.
+    pub replica_credit: f64,
+    /// Price, per sequence decoding on the candidate, of this request's prefill time there: a
+    /// continuous-batching step that carries a prefill chunk makes every decoding sequence in
+    /// the batch wait for it. Weighted low because a first token matters more to its user than
+    /// one later token to each of the others. Default 0.1.
+    pub stall_weight: f64,
     /// Uncached prompt tokens assumed per request in an engine's waiting queue when only
     /// engine-scraped load is known. Default 1024.
     pub engine_waiting_tokens: f64,
@@ -147,12 +161,65 @@ impl Default for KvgateParams {
             cpu_credit: 0.8,
             disk_credit: 0.5,
             fleet_weight: 1.0,
+            idle_fleet_weight: 0.0,
             fleet_load_weight: 0.5,
             fleet_max_factor: 8.0,
+            replica_credit: 1.0,
+            stall_weight: 0.1,
             engine_waiting_tokens: 1024.0,
             tie_epsilon_ms: 0.01,
             tie_relative: 0.1,
         }
+    }
+}
+
+/// A `kvgate` parameter outside its valid range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} {requirement}")]
+pub struct InvalidKvgateParam {
+    /// The field's name in `[routing.policy.kvgate]`.
+    pub field: &'static str,
+    /// What it must be.
+    pub requirement: &'static str,
+}
+
+impl KvgateParams {
+    /// Checks that every parameter is finite and in range (credits in `[0, 1]`, everything else
+    /// `>= 0`).
+    pub fn validate(&self) -> Result<(), InvalidKvgateParam> {
+        let credits = [
+            ("replica_credit", self.replica_credit),
+            ("gpu_credit", self.gpu_credit),
+            ("cpu_credit", self.cpu_credit),
+            ("disk_credit", self.disk_credit),
+        ];
+        for (field, v) in credits {
+            if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
+                return Err(InvalidKvgateParam {
+                    field,
+                    requirement: "must be between 0 and 1",
+                });
+            }
+        }
+        let non_negative = [
+            ("fleet_weight", self.fleet_weight),
+            ("idle_fleet_weight", self.idle_fleet_weight),
+            ("fleet_load_weight", self.fleet_load_weight),
+            ("fleet_max_factor", self.fleet_max_factor),
+            ("stall_weight", self.stall_weight),
+            ("engine_waiting_tokens", self.engine_waiting_tokens),
+            ("tie_epsilon_ms", self.tie_epsilon_ms),
+            ("tie_relative", self.tie_relative),
+        ];
+        for (field, v) in non_negative {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(InvalidKvgateParam {
+                    field,
+                    requirement: "must be finite and >= 0",
+                });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -288,6 +355,29 @@ mod tests {
             assert_eq!(build_policy(&cfg).name(), n.as_str());
         }
         assert!("nope".parse::<PolicyName>().is_err());
+    }
+
+    #[test]
+    fn kvgate_params_are_validated() {
+        assert_eq!(KvgateParams::default().validate(), Ok(()));
+        let bad = KvgateParams {
+            stall_weight: -1.0,
+            ..Default::default()
+        };
+        assert_eq!(bad.validate().map_err(|e| e.field), Err("stall_weight"));
+        let bad = KvgateParams {
+            idle_fleet_weight: f64::NAN,
+            ..Default::default()
+        };
+        assert_eq!(
+            bad.validate().map_err(|e| e.field),
+            Err("idle_fleet_weight")
+        );
+        let bad = KvgateParams {
+            cpu_credit: 1.5,
+            ..Default::default()
+        };
+        assert_eq!(bad.validate().map_err(|e| e.field), Err("cpu_credit"));
     }
 
     #[test]

@@ -9,27 +9,59 @@
 //! uncached_c = prompt_tokens − min(credit_c·tpb, prompt_tokens)
 //! queued_c   = router pending prefill tokens + foreign waiting × engine_waiting_tokens
 //! ttft_c     = (queued_c + uncached_c) / r_c + decode_interference_c × decoding_c
+//! stall_c    = stall_weight × decoding_c × uncached_c / r_c
 //! redo_c     = min((max_k credit_k − credit_c)·tpb, prompt_tokens)   (recompute beyond the best match)
-//! fleet_c    = redo_c / r_c × φ_c,   φ_c = min(fleet_weight + fleet_load_weight × w_c, fleet_max_factor)
-//! cost_c     = ttft_c + fleet_c
+//! fleet_c    = redo_c / r_c × φ_c,   φ_c = min(base_c + fleet_load_weight × w_c, fleet_max_factor)
+//! base_c     = fleet_weight if c has requests in flight, idle_fleet_weight (default 0) if not
+//! replica_c  = −replica_credit × redo_c / r_c   if c has nothing in flight and the best match is
+//!              held by ≥ 2 instances, all with requests in flight; 0 otherwise
+//! cost_c     = ttft_c + stall_c + fleet_c + replica_c
 //! ```
 //!
 //! `w_c` is the number of requests waiting for their first token on `c`: router-tracked plus
-//! foreign waiting requests.
+//! foreign waiting requests; `decoding_c` the sequences past their first token there.
 //!
 //! Why each term:
 //! - `ttft_c` is what this request waits there. Blocks every instance holds (a shared system prompt)
 //!   reduce every `uncached_c` equally and cancel out, so load decides: no funnelling.
+//! - `stall_c` is what its prefill costs the users already streaming there: a continuous-batching
+//!   step that carries a prefill chunk makes every decoding sequence in the batch wait for it, so
+//!   `decoding_c` users each lose `uncached_c / r_c`. It is weighted low (a first token matters
+//!   more to its user than one later token to each of the others; at higher weights the policy
+//!   trades queue for decode balance and mean TTFT suffers), but it is what stops a holder of a
+//!   shared prefix that keeps several sequences decoding from taking all the traffic while other
+//!   instances sit idle: there the prefix is recomputed on an idle instance, which then holds it.
 //! - `fleet_c` is what this choice costs everyone else: prefill work the fleet already did once and
 //!   would redo here. Work redone on `c` delays the requests that queue behind it there, and how
-//!   many will queue there grows with its queue, hence `φ_c` grows with `w_c`: recomputing on an
-//!   idle instance is cheap for the fleet, recomputing when every queue is deep (overload) is
-//!   priced up to `fleet_max_factor` times the work. A TTFT-only greedy choice trades
-//!   cache hits for a shorter queue until total prefill work outgrows the fleet; pricing redundant
-//!   work higher as queues fill keeps the hit ratio as load rises.
-//! - A hot prefix still spreads to a second instance when the holder's queue costs more than
-//!   `(1 + φ)` times recomputing the prefix elsewhere; once the second copy is indexed both hold it
-//!   and load decides between them.
+//!   many will queue there grows with its queue, hence `φ_c` grows with `w_c`: recomputing when
+//!   every queue is deep (overload) is priced up to `fleet_max_factor` times the work. A
+//!   TTFT-only greedy choice trades cache hits for a shorter queue until total prefill work
+//!   outgrows the fleet; pricing redundant work higher as queues fill keeps the hit ratio as load
+//!   rises.
+//! - An instance with nothing in flight has no one to delay: its time is otherwise lost to the
+//!   fleet, and a recompute there is not redundant work but a new replica of a prefix that the
+//!   busy holders would otherwise keep serving alone (later requests then have one more holder
+//!   to choose from). So the base price `fleet_weight` applies only to occupied instances;
+//!   an empty one pays `idle_fleet_weight` (default 0) plus the request's own longer prefill,
+//!   which `ttft_c` already counts. Without this, a prefix shared by all traffic stayed on its
+//!   first holders: recomputing it elsewhere was priced at twice its prefill time, more than the
+//!   short queues of a lightly loaded fleet ever cost.
+//! - `replica_c` is what a new copy of a shared prefix is worth to later requests. A prefix held
+//!   by several instances is shared across traffic (one conversation's history lives on one
+//!   instance): later requests will need it again. When every holder is busy and `c` is empty,
+//!   the recompute on `c` buys the fleet one more instance those requests can use without
+//!   queueing or stalling anyone, so it is an investment that later requests pay back, not a cost
+//!   of this request alone: `replica_credit` (default 1) of it is taken off this request's
+//!   price. The request is then priced as if `c` held the prefix, and being idle, `c` wins the
+//!   tie with busy holders. Nothing changes where an instance is never empty (the load that
+//!   matters for queueing) or for a prefix held by one instance. Without this term a lightly
+//!   loaded fleet kept a shared system prompt on two or three instances: their short queues never
+//!   cost more than the recompute, yet mean TTFT and E2E fell behind round robin because every
+//!   request shared a batch with the others on those few instances.
+//! - A hot prefix still spreads to a second instance when the holder's queue (and stall) costs
+//!   more than recomputing the prefix elsewhere, `(1 + φ)` times the recompute on an occupied
+//!   instance, once on an idle one; once the second copy is indexed both hold it and load decides
+//!   between them.
 //! - A request that matches nowhere (cold prefix) has `fleet_c = 0` everywhere and goes to the
 //!   instance with the least predicted queue: new prefixes spread over the fleet.
 //! - Scores within `tie_epsilon_ms`, or within `tie_relative` of the best, tie: smaller differences
@@ -37,6 +69,12 @@
 //!   would keep sending idle-time traffic to whichever instance looks a few percent faster). Ties
 //!   go to the fewest requests in flight, which also evens out decode batches, then to the lowest
 //!   hash of (request seed, instance id), so slice position never matters.
+//!
+//! A routing decision is inserted into the placement index at once (a predicted placement), so
+//! requests routed while the holder is still computing the prefix are credited with it there.
+//! That is deliberate: the engine computes it once and later requests queue behind it, which
+//! `queued_c` (pending prefill tokens until the first token) prices; with the idle base price at
+//! 0, a burst of early requests still spreads once the first holder's queue exceeds a recompute.
 //!
 //! Engine-scraped load is used only when fresh (`stale == false`) and only for the part the router
 //! cannot see itself ("foreign" load: requests from other clients, or replicas not sharing load).
@@ -60,14 +98,18 @@ pub struct Kvgate {
 pub struct KvgateTerms {
     /// Predicted time to first token on this candidate, ms.
     pub ttft_ms: f64,
+    /// Price of the wait its prefill imposes on the sequences decoding there, ms.
+    pub stall_ms: f64,
     /// Fleet cost of the recompute beyond the best available match, ms.
     pub fleet_ms: f64,
+    /// Value to later requests of the new replica this choice would make, ms (0 or negative).
+    pub replica_ms: f64,
 }
 
 impl KvgateTerms {
     /// The score: lower wins.
     pub fn cost_ms(&self) -> f64 {
-        self.ttft_ms + self.fleet_ms
+        self.ttft_ms + self.stall_ms + self.fleet_ms + self.replica_ms
     }
 }
 
@@ -104,6 +146,13 @@ impl Kvgate {
             .iter()
             .map(|c| self.credit(c))
             .fold(0.0, f64::max);
+        // The best match is a shared prefix worth another replica when several instances hold it
+        // (one conversation's history lives on one instance) and all of them have work in flight.
+        let holders = candidates
+            .iter()
+            .filter(|c| best > 0.0 && self.credit(c) >= best);
+        let shared_and_busy =
+            holders.clone().count() >= SHARED_HOLDERS && holders.clone().all(|c| occupancy(c) > 0);
         out.extend(candidates.iter().map(|c| {
             let rate_per_ms = c.rates.prefill_tokens_per_s.max(1.0) / 1000.0;
             let credit = self.credit(c);
@@ -112,14 +161,30 @@ impl Kvgate {
             let queued = c.load.pending_prefill_tokens as f64
                 + f64::from(other.waiting) * p.engine_waiting_tokens;
             let decoding = f64::from(c.load.decoding) + f64::from(other.running);
-            let ttft_ms = (queued + uncached) / rate_per_ms
+            let prefill_ms = uncached / rate_per_ms;
+            let ttft_ms = queued / rate_per_ms
+                + prefill_ms
                 + c.rates.decode_interference_ms.max(0.0) * decoding;
+            let stall_ms = p.stall_weight.max(0.0) * decoding * prefill_ms;
             let redo = ((best - credit) * tpb).clamp(0.0, prompt);
-            let phi = (p.fleet_weight + p.fleet_load_weight * Self::waiting(c))
+            let occupied = occupancy(c) > 0;
+            let base = if occupied {
+                p.fleet_weight
+            } else {
+                p.idle_fleet_weight
+            };
+            let phi = (base + p.fleet_load_weight * Self::waiting(c))
                 .clamp(0.0, p.fleet_max_factor.max(0.0));
+            let replica_ms = if shared_and_busy && !occupied {
+                -p.replica_credit.clamp(0.0, 1.0) * redo / rate_per_ms
+            } else {
+                0.0
+            };
             KvgateTerms {
                 ttft_ms,
+                stall_ms,
                 fleet_ms: redo / rate_per_ms * phi,
+                replica_ms,
             }
         }));
     }
@@ -145,18 +210,21 @@ impl Kvgate {
             .zip(scores)
             .enumerate()
             .filter(|(_, (_, &s))| s <= min + slack)
-            .min_by_key(|(_, (c, _))| {
-                let f = foreign(c);
-                (
-                    c.load
-                        .in_flight
-                        .saturating_add(f.waiting)
-                        .saturating_add(f.running),
-                    tie_key(seed, c.id),
-                )
-            })
+            .min_by_key(|(_, (c, _))| (occupancy(c), tie_key(seed, c.id)))
             .map(|(i, _)| i)
     }
+}
+
+/// Holders of the best match from which on it counts as a prefix shared across traffic.
+const SHARED_HOLDERS: usize = 2;
+
+/// Requests in flight on `c`: router-tracked plus foreign ones.
+fn occupancy(c: &Candidate) -> u32 {
+    let f = foreign(c);
+    c.load
+        .in_flight
+        .saturating_add(f.waiting)
+        .saturating_add(f.running)
 }
 
 /// Engine-reported requests the router does not account for itself.
@@ -203,5 +271,147 @@ impl Policy for Kvgate {
             Reason::LowestCost
         };
         Some(decision(candidates, i, &scores, terms[i].ttft_ms, reason))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::util::testing::{cand, req};
+
+    fn terms(p: &Kvgate, hashes: &[u64], cs: &[Candidate]) -> Vec<KvgateTerms> {
+        let mut out = Vec::new();
+        p.terms(&req(hashes, b"", 1), cs, &mut out);
+        out
+    }
+
+    #[test]
+    fn recompute_on_an_empty_instance_is_not_priced_as_redundant_work() {
+        let p = Kvgate::default();
+        let hashes: Vec<u64> = (0..100).collect();
+        // Instance 0 holds 60 blocks and has one request in flight; 1 and 2 hold nothing.
+        let mut empty = cand(1, 0, 0, 0);
+        let occupied = cand(2, 0, 0, 1);
+        let t = terms(&p, &hashes, &[cand(0, 60, 0, 1), empty, occupied]);
+        assert_eq!(t[0].fleet_ms, 0.0);
+        assert_eq!(t[1].fleet_ms, 0.0, "nobody to delay on an empty instance");
+        // 960 tokens at 10 tokens/ms on the occupied one, whose request still waits for its first
+        // token: φ = fleet_weight 1 + fleet_load_weight 0.5.
+        assert!((t[2].fleet_ms - 144.0).abs() < 1e-9, "{:?}", t[2]);
+        // A configured idle price applies to the empty instance only.
+        let priced = Kvgate::new(KvgateParams {
+            idle_fleet_weight: 0.5,
+            ..Default::default()
+        });
+        let t = terms(&priced, &hashes, &[cand(0, 60, 0, 1), empty]);
+        assert!((t[1].fleet_ms - 48.0).abs() < 1e-9, "{:?}", t[1]);
+        // Foreign (engine-reported) work occupies an instance too.
+        empty.engine = Some(crate::load::EngineLoad {
+            running: 2,
+            waiting: 0,
+            kv_usage: 0.1,
+            at: 0,
+            stale: false,
+        });
+        let t = terms(&p, &hashes, &[cand(0, 60, 0, 1), empty]);
+        assert!((t[1].fleet_ms - 96.0).abs() < 1e-9, "{:?}", t[1]);
+    }
+
+    #[test]
+    fn a_prefill_is_priced_for_every_sequence_decoding_beside_it() {
+        let p = Kvgate::default();
+        let hashes: Vec<u64> = (0..100).collect();
+        let mut busy = cand(0, 60, 0, 4);
+        busy.load.decoding = 4;
+        let t = terms(&p, &hashes, &[busy, cand(1, 60, 0, 0)]);
+        // 640 uncached tokens = 64 ms of prefill, stalling 4 decoders, weighted 0.1.
+        assert!((t[0].stall_ms - 25.6).abs() < 1e-9, "{:?}", t[0]);
+        assert_eq!(t[1].stall_ms, 0.0);
+        assert!((t[0].cost_ms() - (t[0].ttft_ms + t[0].stall_ms)).abs() < 1e-12);
+        // The reported prediction is the time to first token alone.
+        let d = p
+            .decide(&req(&hashes, b"", 1), &[busy, cand(1, 60, 0, 0)])
+            .expect("decision");
+        assert_eq!(d.chosen.0, 1);
+        assert!((d.predicted_cost_ms - 64.0).abs() < 1e-9, "{d:?}");
+    }
+
+    #[test]
+    fn a_shared_prefix_is_replicated_onto_an_idle_instance_when_its_holders_are_busy() {
+        let p = Kvgate::default();
+        // 64 shared blocks, 36 unique: recomputing the prefix costs 102.4 ms more prefill.
+        let hashes: Vec<u64> = (0..100).collect();
+        let holder = |id, pending, decoding| {
+            let mut c = cand(id, 64, pending, decoding + u32::from(pending > 0));
+            c.load.decoding = decoding;
+            c
+        };
+        // Holders idle: stay on the prefix.
+        let cs = [holder(0, 0, 0), holder(1, 0, 0), cand(2, 0, 0, 0)];
+        for seed in 0..32 {
+            assert_ne!(
+                p.decide(&req(&hashes, b"", seed), &cs).map(|d| d.chosen.0),
+                Some(2)
+            );
+        }
+        // Holders each prefilling one request and streaming to several users: replicate.
+        let cs = [holder(0, 576, 6), holder(1, 576, 6), cand(2, 0, 0, 0)];
+        for seed in 0..32 {
+            assert_eq!(
+                p.decide(&req(&hashes, b"", seed), &cs).map(|d| d.chosen.0),
+                Some(2)
+            );
+        }
+        // The same holders against an occupied non-holder: it pays the base price and they keep it.
+        let cs = [holder(0, 576, 6), holder(1, 576, 6), cand(3, 0, 0, 1)];
+        for seed in 0..32 {
+            assert_ne!(
+                p.decide(&req(&hashes, b"", seed), &cs).map(|d| d.chosen.0),
+                Some(3)
+            );
+        }
+    }
+
+    #[test]
+    fn a_new_replica_of_a_busy_shared_prefix_is_credited_to_the_idle_instance_only() {
+        let p = Kvgate::default();
+        let hashes: Vec<u64> = (0..100).collect();
+        // Two busy holders of 64 blocks: a copy on the empty instance is worth its recompute.
+        let cs = [
+            cand(0, 64, 0, 1),
+            cand(1, 64, 0, 2),
+            cand(2, 0, 0, 0),
+            cand(3, 0, 0, 1),
+        ];
+        let t = terms(&p, &hashes, &cs);
+        assert!((t[2].replica_ms + 102.4).abs() < 1e-9, "{:?}", t[2]);
+        assert_eq!(
+            (t[0].replica_ms, t[1].replica_ms, t[3].replica_ms),
+            (0.0, 0.0, 0.0)
+        );
+        // Priced as if it held the prefix: it ties with the holders and, being idle, wins.
+        assert!((t[2].cost_ms() - t[0].cost_ms()).abs() < 1e-9);
+        for seed in 0..16 {
+            assert_eq!(
+                p.decide(&req(&hashes, b"", seed), &cs).map(|d| d.chosen.0),
+                Some(2)
+            );
+        }
+        // One holder (one conversation's history) is not a shared prefix.
+        let t = terms(&p, &hashes, &[cand(0, 64, 0, 1), cand(2, 0, 0, 0)]);
+        assert_eq!(t[1].replica_ms, 0.0);
+        // An idle holder can serve it: no new replica is needed.
+        let t = terms(
+            &p,
+            &hashes,
+            &[cand(0, 64, 0, 1), cand(1, 64, 0, 0), cand(2, 0, 0, 0)],
+        );
+        assert_eq!(t[2].replica_ms, 0.0);
+        // replica_credit = 0 turns it off.
+        let off = Kvgate::new(KvgateParams {
+            replica_credit: 0.0,
+            ..Default::default()
+        });
+        assert_eq!(terms(&off, &hashes, &cs)[2].replica_ms, 0.0);
     }
 }

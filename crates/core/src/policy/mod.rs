@@ -21,8 +21,8 @@ mod sglang_tree;
 pub mod util;
 
 pub use config::{
-    build_policy, ConsistentHashParams, DynamoParams, KvgateParams, LlmdParams, PolicyConfig,
-    PolicyName, SglangParams, UnknownPolicy,
+    build_policy, ConsistentHashParams, DynamoParams, InvalidKvgateParam, KvgateParams, LlmdParams,
+    PolicyConfig, PolicyName, SglangParams, UnknownPolicy,
 };
 
 use crate::index::InstanceMatch;
