@@ -159,9 +159,6 @@ fn a_shared_system_prompt_is_not_funnelled_onto_one_instance() {
 }
 
 #[test]
-#[ignore = "known gap: kvgate keeps a shared prefix on its first holders; at ~55 % utilisation \
-            one of 4 instances stays idle and mean TTFT is ~30 % behind round robin (at light \
-            load 2 of 4 idle); see docs/offline-simulator.md"]
 fn a_shared_system_prompt_spreads_like_round_robin() {
     let trace = conversations(240, 1, 4, 3, 40.0, 0.0, 12);
     for speed_up in [1.0, 4.0] {
