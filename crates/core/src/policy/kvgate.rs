@@ -28,9 +28,9 @@
 //!   step that carries a prefill chunk makes every decoding sequence in the batch wait for it, so
 //!   `decoding_c` users each lose `uncached_c / r_c`. It is weighted low (a first token matters
 //!   more to its user than one later token to each of the others; at higher weights the policy
-//!   trades queue for decode balance and mean TTFT suffers), but it is what stops a holder of a
-//!   shared prefix that keeps several sequences decoding from taking all the traffic while other
-//!   instances sit idle: there the prefix is recomputed on an idle instance, which then holds it.
+//!   trades queue for decode balance and mean TTFT suffers); it moves a request off an instance
+//!   streaming to many users when one streaming to fewer serves it about as fast, which shortens
+//!   mean end-to-end latency.
 //! - `fleet_c` is what this choice costs everyone else: prefill work the fleet already did once and
 //!   would redo here. Work redone on `c` delays the requests that queue behind it there, and how
 //!   many will queue there grows with its queue, hence `φ_c` grows with `w_c`: recomputing when
