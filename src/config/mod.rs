@@ -244,6 +244,12 @@ impl Config {
         if r.decision_log_size > 100_000 {
             return Err(invalid("routing.decision_log_size", "must be <= 100000"));
         }
+        if let Err(e) = r.policy.kvgate.validate() {
+            return Err(invalid(
+                format!("routing.policy.kvgate.{}", e.field),
+                e.requirement,
+            ));
+        }
         let rc = &r.rates;
         if !(rc.prefill_tokens_per_s.is_finite() && rc.prefill_tokens_per_s > 0.0) {
             return Err(invalid("routing.rates.prefill_tokens_per_s", "must be > 0"));
@@ -410,6 +416,14 @@ mod tests {
             e.contains("KVGATE_BODY_LIMIT_BYTES") && e.contains("server.body_limit_bytes"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn bad_kvgate_param_names_key() {
+        let mut c = Config::default();
+        c.routing.policy.kvgate.stall_weight = -1.0;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("routing.policy.kvgate.stall_weight"), "{e}");
     }
 
     #[test]
