@@ -21,6 +21,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Ver
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Most header fields accepted in a response head.
 pub const MAX_HEADERS: usize = 128;
+/// Header slots reserved beyond a response's own.
+const SPARE_HEADERS: usize = 6;
 
 /// A response that is not valid HTTP/1.x, or exceeds the bounds.
 #[derive(Debug, thiserror::Error)]
@@ -155,7 +157,9 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
     } else {
         Version::HTTP_10
     };
-    let mut headers = HeaderMap::with_capacity(count);
+    // Room for the few headers a proxy adds to a relayed answer, so adding them does not regrow
+    // the map.
+    let mut headers = HeaderMap::with_capacity(count + SPARE_HEADERS);
     let mut length: Option<u64> = None;
     let mut chunked = false;
     let mut encoded = false;
