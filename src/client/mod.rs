@@ -21,7 +21,7 @@ pub mod wire;
 
 use body::UpstreamBody;
 use bytes::{BufMut, Bytes, BytesMut};
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use pool::{Conn, Home};
 use std::io::IoSlice;
@@ -125,43 +125,6 @@ impl HttpClient {
         }
     }
 
-    /// Sends `req` (its URI must be absolute: `http://host[:port]/path`), waiting at most
-    /// `first_byte` for the response head. The body is then read from the connection as it is
-    /// polled.
-    pub async fn send(
-        &self,
-        req: Request<Bytes>,
-        first_byte: Duration,
-    ) -> Result<Response<UpstreamBody>, SendError> {
-        let (parts, body) = req.into_parts();
-        let (Some("http"), Some(a)) = (parts.uri.scheme_str(), parts.uri.authority()) else {
-            return Err(SendError::Protocol(format!(
-                "unsupported upstream URI {}",
-                parts.uri
-            )));
-        };
-        let authority = match a.port_u16() {
-            Some(_) => a.as_str().to_string(),
-            None => format!("{}:80", a.host()),
-        };
-        let host = match parts.headers.get(http::header::HOST) {
-            Some(h) => h.clone(),
-            None => {
-                HeaderValue::from_str(a.as_str()).map_err(|e| SendError::Protocol(e.to_string()))?
-            }
-        };
-        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let out = Outgoing {
-            authority: &authority,
-            host: &host,
-            method: &parts.method,
-            path_and_query: path,
-            headers: &parts.headers,
-            body: &body,
-        };
-        self.send_to(out, first_byte).await
-    }
-
     /// Sends `out`, waiting at most `first_byte` for the response head. The body is then read
     /// from the connection as it is polled.
     pub async fn send_to(
@@ -244,18 +207,27 @@ impl HttpClient {
         ))
     }
 
-    /// `GET uri`, reading at most `limit` body bytes, the whole exchange bounded by `timeout`.
+    /// `GET path` on `authority` (sent with `host`), reading at most `limit` body bytes, the
+    /// whole exchange bounded by `timeout`.
     pub async fn get_bytes(
         &self,
-        uri: Uri,
+        authority: &str,
+        host: &HeaderValue,
+        path: &str,
         timeout: Duration,
         limit: usize,
     ) -> Result<(StatusCode, Bytes), SendError> {
-        let req = Request::get(uri)
-            .body(Bytes::new())
-            .map_err(|e| SendError::Protocol(e.to_string()))?;
+        let (headers, body) = (HeaderMap::new(), Bytes::new());
+        let out = Outgoing {
+            authority,
+            host,
+            method: &Method::GET,
+            path_and_query: path,
+            headers: &headers,
+            body: &body,
+        };
         let fut = async {
-            let resp = self.send(req, timeout).await?;
+            let resp = self.send_to(out, timeout).await?;
             let status = resp.status();
             let body = Limited::new(resp.into_body(), limit)
                 .collect()
@@ -403,18 +375,36 @@ mod tests {
                 });
             }
         });
-        (format!("http://{addr}"), conns)
+        (addr.to_string(), conns)
     }
 
     fn client() -> HttpClient {
         HttpClient::new(&UpstreamConfig::default())
     }
 
-    async fn post(c: &HttpClient, base: &str) -> Result<(StatusCode, Bytes), SendError> {
-        let req = Request::post(format!("{base}/v1/completions"))
-            .body(Bytes::from_static(b"{\"prompt\":\"x\"}"))
-            .unwrap();
-        let resp = c.send(req, Duration::from_secs(5)).await?;
+    /// `POST /v1/completions` with `body` to `authority`, waiting `first_byte` for the head.
+    async fn post_with(
+        c: &HttpClient,
+        authority: &str,
+        body: Bytes,
+        first_byte: Duration,
+    ) -> Result<http::Response<UpstreamBody>, SendError> {
+        let host = HeaderValue::from_str(authority).unwrap();
+        let headers = HeaderMap::new();
+        let out = Outgoing {
+            authority,
+            host: &host,
+            method: &Method::POST,
+            path_and_query: "/v1/completions",
+            headers: &headers,
+            body: &body,
+        };
+        c.send_to(out, first_byte).await
+    }
+
+    async fn post(c: &HttpClient, authority: &str) -> Result<(StatusCode, Bytes), SendError> {
+        let body = Bytes::from_static(b"{\"prompt\":\"x\"}");
+        let resp = post_with(c, authority, body, Duration::from_secs(5)).await?;
         let status = resp.status();
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         Ok((status, body))
@@ -422,11 +412,11 @@ mod tests {
 
     #[tokio::test]
     async fn keep_alive_connections_are_reused() {
-        let (base, conns) = server(usize::MAX, Duration::ZERO).await;
+        let (addr, conns) = server(usize::MAX, Duration::ZERO).await;
         let c = client();
         for _ in 0..5 {
             assert_eq!(
-                post(&c, &base).await.unwrap(),
+                post(&c, &addr).await.unwrap(),
                 (StatusCode::OK, "ok".into())
             );
         }
@@ -436,11 +426,11 @@ mod tests {
     #[tokio::test]
     async fn a_connection_closed_while_parked_is_replaced() {
         // Every connection serves one request and drops the next unanswered.
-        let (base, conns) = server(1, Duration::ZERO).await;
+        let (addr, conns) = server(1, Duration::ZERO).await;
         let c = client();
         for _ in 0..3 {
             assert_eq!(
-                post(&c, &base).await.unwrap(),
+                post(&c, &addr).await.unwrap(),
                 (StatusCode::OK, "ok".into())
             );
         }
@@ -449,25 +439,21 @@ mod tests {
 
     #[tokio::test]
     async fn a_fresh_connection_closed_without_answer_is_an_error() {
-        let (base, _) = server(0, Duration::ZERO).await;
-        let err = post(&client(), &base).await.unwrap_err();
+        let (addr, _) = server(0, Duration::ZERO).await;
+        let err = post(&client(), &addr).await.unwrap_err();
         assert!(matches!(err, SendError::Protocol(_)), "{err:?}");
     }
 
     #[tokio::test]
     async fn refused_connections_and_slow_heads_are_told_apart() {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let closed = format!("http://{}", l.local_addr().unwrap());
+        let closed = l.local_addr().unwrap().to_string();
         drop(l);
         let err = post(&client(), &closed).await.unwrap_err();
         assert!(matches!(err, SendError::Connect(_)), "{err:?}");
 
-        let (base, _) = server(1, Duration::from_secs(10)).await;
-        let req = Request::post(format!("{base}/v1/completions"))
-            .body(Bytes::new())
-            .unwrap();
-        let err = client()
-            .send(req, Duration::from_millis(100))
+        let (addr, _) = server(1, Duration::from_secs(10)).await;
+        let err = post_with(&client(), &addr, Bytes::new(), Duration::from_millis(100))
             .await
             .unwrap_err();
         assert!(matches!(err, SendError::Timeout), "{err:?}");
@@ -475,41 +461,23 @@ mod tests {
 
     #[tokio::test]
     async fn large_bodies_arrive_whole() {
-        let (base, _) = server(usize::MAX, Duration::ZERO).await;
+        let (addr, _) = server(usize::MAX, Duration::ZERO).await;
         let big = Bytes::from(vec![b'a'; 1 << 20]);
-        let req = Request::post(format!("{base}/v1/completions"))
-            .body(big)
+        let resp = post_with(&client(), &addr, big, Duration::from_secs(5))
+            .await
             .unwrap();
-        let resp = client().send(req, Duration::from_secs(5)).await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
     }
 
     #[tokio::test]
     async fn get_bytes_caps_the_body() {
-        let (base, _) = server(usize::MAX, Duration::ZERO).await;
-        let uri: Uri = format!("{base}/metrics").parse().unwrap();
+        let (addr, _) = server(usize::MAX, Duration::ZERO).await;
+        let host = HeaderValue::from_str(&addr).unwrap();
         let c = client();
-        let (s, b) = c
-            .get_bytes(uri.clone(), Duration::from_secs(2), 64)
-            .await
-            .unwrap();
+        let get = |limit| c.get_bytes(&addr, &host, "/metrics", Duration::from_secs(2), limit);
+        let (s, b) = get(64).await.unwrap();
         assert_eq!((s, &b[..]), (StatusCode::OK, &b"ok"[..]));
-        let err = c
-            .get_bytes(uri, Duration::from_secs(2), 1)
-            .await
-            .unwrap_err();
+        let err = get(1).await.unwrap_err();
         assert!(matches!(err, SendError::TooLarge), "{err:?}");
-    }
-
-    #[tokio::test]
-    async fn only_plain_http_uris_are_accepted() {
-        let req = Request::post("https://example.invalid/v1/completions")
-            .body(Bytes::new())
-            .unwrap();
-        let err = client()
-            .send(req, Duration::from_secs(1))
-            .await
-            .unwrap_err();
-        assert!(matches!(err, SendError::Protocol(_)), "{err:?}");
     }
 }

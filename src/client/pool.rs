@@ -27,7 +27,6 @@ pub struct Conn {
 }
 
 /// Where a connection is parked when idle.
-#[derive(Clone)]
 pub(super) struct Home {
     pub client: u64,
     pub authority: Box<str>,

@@ -90,10 +90,8 @@ pub struct Instance {
     pub pool: usize,
     /// `host:port`.
     pub authority: String,
-    /// `authority` as the `Host` header of requests to it, prebuilt for the request path.
+    /// `authority` as the `Host` header of every request to it, built once.
     pub host_header: HeaderValue,
-    /// `authority`, parsed once for building request URIs.
-    authority_parsed: http::uri::Authority,
     /// Its configuration (KV event endpoints etc., read by the event ingestion).
     pub config: InstanceConfig,
     /// Engine family.
@@ -113,23 +111,6 @@ pub struct Instance {
 }
 
 impl Instance {
-    /// URI of `path_and_query` on this instance.
-    pub fn uri(&self, path_and_query: &str) -> Result<http::Uri, GatewayError> {
-        let pq = http::uri::PathAndQuery::try_from(path_and_query)
-            .map_err(|e| GatewayError::Internal(format!("bad upstream URI: {e}")))?;
-        self.uri_with(pq)
-    }
-
-    /// URI of an already parsed path and query on this instance.
-    pub fn uri_with(&self, pq: http::uri::PathAndQuery) -> Result<http::Uri, GatewayError> {
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(http::uri::Scheme::HTTP);
-        parts.authority = Some(self.authority_parsed.clone());
-        parts.path_and_query = Some(pq);
-        http::Uri::from_parts(parts)
-            .map_err(|e| GatewayError::Internal(format!("bad upstream URI: {e}")))
-    }
-
     /// Capacity in blocks, if known.
     pub fn capacity(&self) -> Option<u64> {
         match self.capacity_blocks.load(Ordering::Relaxed) {
@@ -177,8 +158,6 @@ impl Fleet {
                 let name = ic.name.clone().unwrap_or_else(|| authority.clone());
                 let name_header = HeaderValue::from_str(&name)
                     .map_err(|e| GatewayError::Internal(e.to_string()))?;
-                let authority_parsed = http::uri::Authority::try_from(authority.as_str())
-                    .map_err(|e| GatewayError::Internal(e.to_string()))?;
                 let host_header = HeaderValue::from_str(&authority)
                     .map_err(|e| GatewayError::Internal(e.to_string()))?;
                 let id = InstanceId(instances.len() as u32);
@@ -189,7 +168,6 @@ impl Fleet {
                     pool: p,
                     authority,
                     host_header,
-                    authority_parsed,
                     config: ic.clone(),
                     flavour: pc.flavour,
                     health: Health::new(),

@@ -76,8 +76,16 @@ async fn health_loop(p: Probe, token: CancellationToken) {
         let checks = p.fleet.instances().iter().map(|inst| {
             let client = p.client.clone();
             async move {
-                let Ok(uri) = inst.uri("/health") else { return false };
-                matches!(client.get_bytes(uri, timeout, 64 * 1024).await, Ok((s, _)) if s.is_success())
+                let got = client
+                    .get_bytes(
+                        &inst.authority,
+                        &inst.host_header,
+                        "/health",
+                        timeout,
+                        64 * 1024,
+                    )
+                    .await;
+                matches!(got, Ok((s, _)) if s.is_success())
             }
         });
         let results = tokio::select! {
@@ -132,8 +140,11 @@ async fn models_loop(p: Probe, token: CancellationToken) {
         let fetches = p.fleet.instances().iter().filter(|i| i.health.usable(now)).map(|inst| {
             let client = p.client.clone();
             async move {
-                let uri = inst.uri("/v1/models").ok()?;
-                match client.get_bytes(uri, timeout, PROBE_BODY_LIMIT).await {
+                let host = &inst.host_header;
+                match client
+                    .get_bytes(&inst.authority, host, "/v1/models", timeout, PROBE_BODY_LIMIT)
+                    .await
+                {
                     Ok((s, body)) if s.is_success() => match models::parse_list(&body) {
                         Ok(list) => Some((inst.pool, list)),
                         Err(e) => {
@@ -167,8 +178,11 @@ async fn scrape_loop(p: Probe, token: CancellationToken) {
         let scrapes = p.fleet.instances().iter().map(|inst| {
             let client = p.client.clone();
             async move {
-                let uri = inst.uri("/metrics").ok()?;
-                match client.get_bytes(uri, timeout, PROBE_BODY_LIMIT).await {
+                let host = &inst.host_header;
+                match client
+                    .get_bytes(&inst.authority, host, "/metrics", timeout, PROBE_BODY_LIMIT)
+                    .await
+                {
                     Ok((s, body)) if s.is_success() => {
                         let text = std::str::from_utf8(&body).ok()?;
                         Some(scrape::parse_metrics(text, inst.flavour))
