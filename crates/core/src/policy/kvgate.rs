@@ -148,11 +148,14 @@ impl Kvgate {
             .fold(0.0, f64::max);
         // The best match is a shared prefix worth another replica when several instances hold it
         // (one conversation's history lives on one instance) and all of them have work in flight.
-        let holders = candidates
-            .iter()
-            .filter(|c| best > 0.0 && self.credit(c) >= best);
-        let shared_and_busy =
-            holders.clone().count() >= SHARED_HOLDERS && holders.clone().all(|c| occupancy(c) > 0);
+        let (mut holders, mut all_busy) = (0usize, true);
+        if best > 0.0 {
+            for c in candidates.iter().filter(|c| self.credit(c) >= best) {
+                holders += 1;
+                all_busy &= occupancy(c) > 0;
+            }
+        }
+        let shared_and_busy = holders >= SHARED_HOLDERS && all_busy;
         out.extend(candidates.iter().map(|c| {
             let rate_per_ms = c.rates.prefill_tokens_per_s.max(1.0) / 1000.0;
             let credit = self.credit(c);
