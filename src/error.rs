@@ -193,6 +193,12 @@ impl GatewayError {
 /// Seconds a client should wait before retrying after a 503.
 const RETRY_AFTER_SECS: &str = "1";
 
+impl From<crate::proxy::json::SyntaxError> for GatewayError {
+    fn from(e: crate::proxy::json::SyntaxError) -> Self {
+        GatewayError::MalformedJson(e.to_string())
+    }
+}
+
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         let mut resp = (self.status(), self.body()).into_response();

@@ -11,6 +11,7 @@
 
 pub mod body;
 pub mod headers;
+pub mod json;
 pub mod parse;
 pub mod server;
 pub mod service;

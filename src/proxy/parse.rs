@@ -2,16 +2,15 @@
 //!
 //! Invariants:
 //! - Reads only `model`, `messages` / `prompt` / `input` / `instructions`, `tools`, `stream` and
-//!   `cache_salt`; every other field is skipped unparsed and the caller forwards the original bytes,
-//!   so unknown fields and formatting survive untouched.
-//! - Never allocates a copy of message text unless content arrives as an array of parts.
+//!   `cache_salt`; every other field is validated and skipped by [`super::json::Reader`], and the
+//!   caller forwards the original bytes, so unknown fields and formatting survive untouched.
+//! - Never allocates a copy of message text unless it has escapes or arrives as several parts.
+//! - A `null` field reads as absent; a field given twice, or with the wrong type, is an
+//!   [`GatewayError::InvalidField`] naming it; broken JSON is [`GatewayError::MalformedJson`].
 
+use super::json::{Kind, Reader};
 use crate::error::GatewayError;
-use serde::de::{self, MapAccess, SeqAccess, Visitor};
-use serde::Deserialize;
-use serde_json::value::RawValue;
 use std::borrow::Cow;
-use std::marker::PhantomData;
 
 /// The four proxied OpenAI endpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,268 +98,323 @@ pub struct RouteInput<'a> {
     pub prompt: Prompt<'a>,
 }
 
-#[derive(Deserialize)]
-struct Wire<'a> {
-    #[serde(borrow, default)]
+/// A top-level field routing reads.
+#[derive(Clone, Copy)]
+enum Key {
+    Model,
+    Messages,
+    Prompt,
+    Input,
+    Instructions,
+    Tools,
+    Stream,
+    CacheSalt,
+}
+
+impl Key {
+    fn of(name: &str) -> Option<Key> {
+        Some(match name {
+            "model" => Key::Model,
+            "messages" => Key::Messages,
+            "prompt" => Key::Prompt,
+            "input" => Key::Input,
+            "instructions" => Key::Instructions,
+            "tools" => Key::Tools,
+            "stream" => Key::Stream,
+            "cache_salt" => Key::CacheSalt,
+            _ => return None,
+        })
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Key::Model => "model",
+            Key::Messages => "messages",
+            Key::Prompt => "prompt",
+            Key::Input => "input",
+            Key::Instructions => "instructions",
+            Key::Tools => "tools",
+            Key::Stream => "stream",
+            Key::CacheSalt => "cache_salt",
+        }
+    }
+}
+
+/// The top-level fields as read (`null` reads as absent), before the endpoint picks its prompt.
+#[derive(Default)]
+struct Fields<'a> {
     model: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    messages: Option<Vec<WireMessage<'a>>>,
-    #[serde(borrow, default)]
+    messages: Option<Vec<Message<'a>>>,
     prompt: Option<Value<'a>>,
-    #[serde(borrow, default)]
     input: Option<Value<'a>>,
-    #[serde(borrow, default)]
     instructions: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    #[serde(default)]
+    tools: Option<&'a str>,
     stream: Option<bool>,
-    #[serde(borrow, default)]
     cache_salt: Option<Cow<'a, str>>,
 }
 
-#[derive(Deserialize)]
-struct WireMessage<'a> {
-    #[serde(borrow, default)]
+/// A chat message or Responses API item as read.
+struct Message<'a> {
     role: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    content: Option<Text<'a>>,
     /// Responses API items carry a `type` instead of a role for non-message items.
-    #[serde(borrow, default, rename = "type")]
     kind: Option<Cow<'a, str>>,
+    content: Cow<'a, str>,
 }
 
-#[derive(Deserialize)]
-struct WirePart<'a> {
-    #[serde(borrow, default)]
-    text: Option<Text<'a>>,
+/// `prompt` / `input`: a string, strings, token ids, token-id arrays, or (Responses API) message
+/// items. Batches route by their first element.
+enum Value<'a> {
+    Text(Cow<'a, str>),
+    Tokens(Vec<u32>),
+    Items(Vec<Message<'a>>),
 }
 
-/// Message content in one pass: a string (borrowed when unescaped), an array of parts whose
-/// `text` fields are joined by newlines, or anything else (null, objects) as empty.
-struct Text<'a>(Cow<'a, str>);
+fn wrong(field: &'static str, expected: &str, found: Kind) -> GatewayError {
+    invalid(
+        field,
+        format!("expected {expected}, found {}", found.describe()),
+    )
+}
 
-impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(TextVisitor(PhantomData))
+fn once<T>(slot: &mut Option<T>, field: &'static str) -> Result<(), GatewayError> {
+    if slot.is_some() {
+        return Err(invalid(field, "appears more than once"));
+    }
+    Ok(())
+}
+
+fn string<'a>(r: &mut Reader<'a>, field: &'static str) -> Result<Cow<'a, str>, GatewayError> {
+    match r.expect_value()? {
+        Kind::String => Ok(r.string()?),
+        k => Err(wrong(field, "a string", k)),
     }
 }
 
-struct TextVisitor<'a>(PhantomData<&'a ()>);
-
-impl<'de: 'a, 'a> Visitor<'de> for TextVisitor<'a> {
-    type Value = Text<'a>;
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a string or an array of content parts")
-    }
-    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(Text(Cow::Borrowed(v)))
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(Text(Cow::Owned(v.to_owned())))
-    }
-    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
-        Ok(Text(Cow::Owned(v)))
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Text(Cow::Borrowed("")))
-    }
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Text(Cow::Borrowed("")))
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(Text(Cow::Borrowed("")))
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(Text(Cow::Borrowed("")))
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(Text(Cow::Borrowed("")))
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(Text(Cow::Borrowed("")))
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut first: Option<Cow<'a, str>> = None;
-        let mut joined = String::new();
-        while let Some(part) = seq.next_element::<PartOrText<'a>>()? {
-            let Some(t) = part.0 else { continue };
-            match first.take() {
-                None if joined.is_empty() => first = Some(t),
-                None => {
-                    joined.push('\n');
-                    joined.push_str(&t);
-                }
-                Some(f) => {
-                    joined.push_str(&f);
-                    joined.push('\n');
-                    joined.push_str(&t);
-                }
-            }
+fn fields<'a>(r: &mut Reader<'a>) -> Result<Fields<'a>, GatewayError> {
+    let mut f = Fields::default();
+    let mut seen = 0u8;
+    r.begin_object()?;
+    let mut first = true;
+    while let Some(name) = r.next_key(&mut first)? {
+        let Some(key) = Key::of(&name) else {
+            r.skip_value()?;
+            continue;
+        };
+        let field = key.name();
+        let bit = 1u8 << key as u8;
+        if seen & bit != 0 {
+            return Err(invalid(field, "appears more than once"));
         }
-        Ok(Text(match first {
-            Some(f) => f,
-            None => Cow::Owned(joined),
-        }))
+        seen |= bit;
+        if r.take_null()? {
+            continue;
+        }
+        match key {
+            Key::Model => f.model = Some(string(r, field)?),
+            Key::Messages => f.messages = Some(messages(r, field)?),
+            Key::Prompt => f.prompt = Some(value(r, field)?),
+            Key::Input => f.input = Some(value(r, field)?),
+            Key::Instructions => f.instructions = Some(string(r, field)?),
+            Key::Tools => f.tools = Some(r.raw()?),
+            Key::Stream => match r.expect_value()? {
+                Kind::Bool => f.stream = r.literal()?,
+                k => return Err(wrong(field, "a boolean", k)),
+            },
+            Key::CacheSalt => f.cache_salt = Some(string(r, field)?),
+        }
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        while map
-            .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
-            .is_some()
-        {}
-        Ok(Text(Cow::Borrowed("")))
+    Ok(f)
+}
+
+fn messages<'a>(r: &mut Reader<'a>, field: &'static str) -> Result<Vec<Message<'a>>, GatewayError> {
+    match r.expect_value()? {
+        Kind::Array => {}
+        k => return Err(wrong(field, "an array of messages", k)),
+    }
+    r.begin_array()?;
+    let mut out = Vec::new();
+    let mut first = true;
+    while r.next_item(&mut first)? {
+        out.push(message_item(r, field)?);
+    }
+    Ok(out)
+}
+
+fn message_item<'a>(r: &mut Reader<'a>, field: &'static str) -> Result<Message<'a>, GatewayError> {
+    match r.expect_value()? {
+        Kind::Object => {}
+        k => return Err(wrong(field, "message objects", k)),
+    }
+    let (mut role, mut kind, mut content) = (None, None, None);
+    r.begin_object()?;
+    let mut first = true;
+    while let Some(name) = r.next_key(&mut first)? {
+        let slot = match &*name {
+            "role" => &mut role,
+            "type" => &mut kind,
+            "content" => {
+                once(&mut content, field)?;
+                content = Some(text(r, field)?);
+                continue;
+            }
+            _ => {
+                r.skip_value()?;
+                continue;
+            }
+        };
+        once(slot, field)?;
+        *slot = Some(if r.take_null()? {
+            None
+        } else {
+            Some(string(r, field)?)
+        });
+    }
+    Ok(Message {
+        role: role.flatten(),
+        kind: kind.flatten(),
+        content: content.unwrap_or(Cow::Borrowed("")),
+    })
+}
+
+/// Message content: a string (borrowed when unescaped), an array of parts whose texts are joined
+/// by newlines, or anything else (null, objects, numbers) as empty.
+fn text<'a>(r: &mut Reader<'a>, field: &'static str) -> Result<Cow<'a, str>, GatewayError> {
+    match r.expect_value()? {
+        Kind::String => Ok(r.string()?),
+        Kind::Array => {
+            r.begin_array()?;
+            let mut joined: Option<Cow<'a, str>> = None;
+            let mut first = true;
+            while r.next_item(&mut first)? {
+                let Some(t) = part(r, field)? else { continue };
+                joined = Some(match joined {
+                    None => t,
+                    Some(prev) => {
+                        let mut s = prev.into_owned();
+                        s.push('\n');
+                        s.push_str(&t);
+                        Cow::Owned(s)
+                    }
+                });
+            }
+            Ok(joined.unwrap_or(Cow::Borrowed("")))
+        }
+        _ => {
+            r.skip_value()?;
+            Ok(Cow::Borrowed(""))
+        }
     }
 }
 
 /// One element of a content-part array: a part object's `text`, or a bare string.
-struct PartOrText<'a>(Option<Cow<'a, str>>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for PartOrText<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = PartOrText<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a content part")
+fn part<'a>(r: &mut Reader<'a>, field: &'static str) -> Result<Option<Cow<'a, str>>, GatewayError> {
+    match r.expect_value()? {
+        Kind::String => Ok(Some(r.string()?)),
+        Kind::Object => {
+            let mut found: Option<Option<Cow<'a, str>>> = None;
+            r.begin_object()?;
+            let mut first = true;
+            while let Some(name) = r.next_key(&mut first)? {
+                if name != "text" {
+                    r.skip_value()?;
+                    continue;
+                }
+                once(&mut found, field)?;
+                found = Some(if r.take_null()? {
+                    None
+                } else {
+                    Some(text(r, field)?)
+                });
             }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(PartOrText(Some(Cow::Borrowed(v))))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(PartOrText(Some(Cow::Owned(v.to_owned()))))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                let p = WirePart::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok(PartOrText(p.text.map(|t| t.0)))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                while seq.next_element::<de::IgnoredAny>()?.is_some() {}
-                Ok(PartOrText(None))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(PartOrText(None))
-            }
+            Ok(found.flatten())
         }
-        d.deserialize_any(V(PhantomData))
+        Kind::Array | Kind::Null => {
+            r.skip_value()?;
+            Ok(None)
+        }
+        k => Err(wrong(field, "content parts", k)),
     }
 }
 
-/// `prompt` / `input` in one pass: a string, strings, token ids, token-id arrays, or (Responses
-/// API) message items. Batches route by their first element.
-enum Value<'a> {
-    Text(Cow<'a, str>),
-    Tokens(Vec<u32>),
-    Items(Vec<WireMessage<'a>>),
-    Empty,
-}
-
-enum Item<'a> {
-    Str(Cow<'a, str>),
-    Int(u32),
-    Seq(Vec<u32>),
-    Msg(WireMessage<'a>),
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for Item<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Item<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string, a token id, a token-id array or a message item")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Item::Str(Cow::Borrowed(v)))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Item::Str(Cow::Owned(v.to_owned())))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-                u32::try_from(v)
-                    .map(Item::Int)
-                    .map_err(|_| E::custom("token id out of range"))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-                Vec::<u32>::deserialize(de::value::SeqAccessDeserializer::new(seq)).map(Item::Seq)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                WireMessage::deserialize(de::value::MapAccessDeserializer::new(map)).map(Item::Msg)
-            }
+fn value<'a>(r: &mut Reader<'a>, field: &'static str) -> Result<Value<'a>, GatewayError> {
+    match r.expect_value()? {
+        Kind::String => return Ok(Value::Text(r.string()?)),
+        Kind::Array => {}
+        k => return Err(wrong(field, "a string or an array", k)),
+    }
+    r.begin_array()?;
+    let mut first = true;
+    if !r.next_item(&mut first)? {
+        return Err(invalid(field, "must not be empty"));
+    }
+    match r.expect_value()? {
+        Kind::String => {
+            let t = r.string()?;
+            r.skip_items(&mut first)?;
+            Ok(Value::Text(t))
         }
-        d.deserialize_any(V(PhantomData))
+        Kind::Number => {
+            let mut ids = vec![token(r, field)?];
+            while r.next_item(&mut first)? {
+                ids.push(token(r, field)?);
+            }
+            Ok(Value::Tokens(ids))
+        }
+        Kind::Array => {
+            r.begin_array()?;
+            let mut ids = Vec::new();
+            let mut inner = true;
+            while r.next_item(&mut inner)? {
+                ids.push(token(r, field)?);
+            }
+            r.skip_items(&mut first)?;
+            Ok(Value::Tokens(ids))
+        }
+        Kind::Object => {
+            let mut items = vec![message_item(r, field)?];
+            while r.next_item(&mut first)? {
+                items.push(message_item(r, field)?);
+            }
+            Ok(Value::Items(items))
+        }
+        k => Err(wrong(field, "strings, token ids or message items", k)),
     }
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for Value<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Value<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string, strings, token ids or message items")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Value::Text(Cow::Borrowed(v)))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Value::Text(Cow::Owned(v.to_owned())))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(Value::Empty)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let Some(first) = seq.next_element::<Item<'a>>()? else {
-                    return Err(de::Error::custom("must not be empty"));
-                };
-                let out = match first {
-                    Item::Str(s) => Value::Text(s),
-                    Item::Seq(ids) => Value::Tokens(ids),
-                    Item::Int(id) => {
-                        let mut ids = vec![id];
-                        while let Some(next) = seq.next_element::<u32>()? {
-                            ids.push(next);
-                        }
-                        return Ok(Value::Tokens(ids));
-                    }
-                    Item::Msg(m) => {
-                        let mut items = vec![m];
-                        while let Some(next) = seq.next_element::<WireMessage<'a>>()? {
-                            items.push(next);
-                        }
-                        return Ok(Value::Items(items));
-                    }
-                };
-                while seq.next_element::<de::IgnoredAny>()?.is_some() {}
-                Ok(out)
-            }
-        }
-        d.deserialize_any(V(PhantomData))
+fn token(r: &mut Reader<'_>, field: &'static str) -> Result<u32, GatewayError> {
+    match r.expect_value()? {
+        Kind::Number => {}
+        k => return Err(wrong(field, "token ids", k)),
     }
+    let (digits, integer) = r.number()?;
+    if !integer || digits.starts_with('-') {
+        return Err(invalid(field, "token ids must be non-negative integers"));
+    }
+    digits
+        .parse()
+        .map_err(|_| invalid(field, "token id out of range"))
 }
 
 /// Parses `body` for `endpoint`.
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RouteInput<'_>, GatewayError> {
-    match body.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'{') => {}
-        Some(_) => {
-            // Distinguish "not JSON at all" from "JSON, but not an object".
-            return match serde_json::from_slice::<de::IgnoredAny>(body) {
-                Ok(_) => Err(GatewayError::NotAnObject),
-                Err(e) => Err(GatewayError::MalformedJson(e.to_string())),
-            };
-        }
-        None => return Err(GatewayError::MalformedJson("empty body".into())),
-    }
-    let w: Wire<'_> = serde_json::from_slice(body).map_err(|e| {
-        if e.is_data() {
-            GatewayError::InvalidField {
-                field: "body",
-                message: e.to_string(),
-            }
-        } else {
-            GatewayError::MalformedJson(e.to_string())
-        }
+    let text = std::str::from_utf8(body).map_err(|e| {
+        GatewayError::MalformedJson(format!(
+            "body is not UTF-8 (invalid byte at {})",
+            e.valid_up_to()
+        ))
     })?;
+    let mut r = Reader::new(text);
+    match r.peek() {
+        Some(Kind::Object) => {}
+        _ if r.at_end() => return Err(GatewayError::MalformedJson("empty body".into())),
+        _ => {
+            // Distinguish "not JSON at all" from "JSON, but not an object".
+            r.skip_value()?;
+            r.finish()?;
+            return Err(GatewayError::NotAnObject);
+        }
+    }
+    let w = fields(&mut r)?;
+    r.finish()?;
     let prompt = match endpoint {
         Endpoint::Chat => {
             let msgs = w.messages.ok_or(GatewayError::MissingField("messages"))?;
@@ -372,7 +426,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RouteInput<'_>, GatewayE
                     .into_iter()
                     .map(|m| message(m, "messages"))
                     .collect::<Result<_, _>>()?,
-                tools: w.tools.map(RawValue::get),
+                tools: w.tools,
             }
         }
         Endpoint::Completions => text_or_tokens(
@@ -385,7 +439,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RouteInput<'_>, GatewayE
         Endpoint::Responses => responses_input(
             w.input.ok_or(GatewayError::MissingField("input"))?,
             w.instructions,
-            w.tools.map(RawValue::get),
+            w.tools,
         )?,
     };
     Ok(RouteInput {
@@ -403,7 +457,7 @@ fn invalid(field: &'static str, message: impl Into<String>) -> GatewayError {
     }
 }
 
-fn message<'a>(m: WireMessage<'a>, field: &'static str) -> Result<ChatMessage<'a>, GatewayError> {
+fn message<'a>(m: Message<'a>, field: &'static str) -> Result<ChatMessage<'a>, GatewayError> {
     let role = match (m.role, m.kind) {
         (Some(r), _) => r,
         (None, Some(k)) => k,
@@ -411,7 +465,7 @@ fn message<'a>(m: WireMessage<'a>, field: &'static str) -> Result<ChatMessage<'a
     };
     Ok(ChatMessage {
         role,
-        content: m.content.map(|t| t.0).unwrap_or(Cow::Borrowed("")),
+        content: m.content,
     })
 }
 
@@ -419,9 +473,7 @@ fn text_or_tokens<'a>(v: Value<'a>, field: &'static str) -> Result<Prompt<'a>, G
     match v {
         Value::Text(t) => Ok(Prompt::Text(t)),
         Value::Tokens(ids) => Ok(Prompt::Tokens(ids)),
-        Value::Items(_) | Value::Empty => {
-            Err(invalid(field, "expected a string, strings or token ids"))
-        }
+        Value::Items(_) => Err(invalid(field, "expected a string, strings or token ids")),
     }
 }
 
@@ -452,9 +504,7 @@ fn responses_input<'a>(
                 msgs.push(message(m, "input")?);
             }
         }
-        Value::Tokens(_) | Value::Empty => {
-            return Err(invalid("input", "expected a string or an array of items"))
-        }
+        Value::Tokens(_) => return Err(invalid("input", "expected a string or an array of items")),
     }
     Ok(Prompt::Chat {
         messages: msgs,
@@ -551,6 +601,138 @@ mod tests {
             parse(Endpoint::Chat, br#"{"model":3,"messages":[]}"#),
             Err(GatewayError::InvalidField { .. })
         ));
+    }
+
+    #[test]
+    fn escaped_text_is_unescaped_and_keys_match_after_unescaping() {
+        let body = br#"{"mod\u0065l":"m","messages":[{"role":"user","content":"a\"b\\c\u00e9\ud83d\ude00"}]}"#;
+        let r = parse(Endpoint::Chat, body).unwrap();
+        assert_eq!(r.model.as_deref(), Some("m"));
+        let Prompt::Chat { messages, .. } = r.prompt else {
+            panic!()
+        };
+        assert_eq!(messages[0].content, "a\"b\\c\u{e9}\u{1f600}");
+    }
+
+    #[test]
+    fn nulls_read_as_absent() {
+        let body = br#"{"model":null,"stream":null,"tools":null,"messages":[{"role":"user","content":null}]}"#;
+        let r = parse(Endpoint::Chat, body).unwrap();
+        assert_eq!(r.model, None);
+        assert!(!r.stream);
+        let Prompt::Chat { messages, tools } = r.prompt else {
+            panic!()
+        };
+        assert_eq!((messages[0].content.as_ref(), tools), ("", None));
+        assert!(matches!(
+            parse(Endpoint::Chat, br#"{"messages":null}"#),
+            Err(GatewayError::MissingField("messages"))
+        ));
+    }
+
+    #[test]
+    fn tools_are_forwarded_raw() {
+        let body =
+            br#"{"messages":[{"role":"user","content":"x"}],"tools": [ {"type":"function"} ] }"#;
+        let Prompt::Chat { tools, .. } = parse(Endpoint::Chat, body).unwrap().prompt else {
+            panic!()
+        };
+        assert_eq!(tools, Some(r#"[ {"type":"function"} ]"#));
+    }
+
+    #[test]
+    fn wrong_types_and_repeats_name_the_field() {
+        let field = |endpoint, body: &'static [u8]| match parse(endpoint, body) {
+            Err(GatewayError::InvalidField { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(field(Endpoint::Chat, br#"{"model":3}"#), "model");
+        assert_eq!(field(Endpoint::Chat, br#"{"stream":"yes"}"#), "stream");
+        assert_eq!(field(Endpoint::Chat, br#"{"messages":{}}"#), "messages");
+        assert_eq!(field(Endpoint::Chat, br#"{"messages":["hi"]}"#), "messages");
+        assert_eq!(
+            field(
+                Endpoint::Chat,
+                br#"{"messages":[{"role":1,"content":"x"}]}"#
+            ),
+            "messages"
+        );
+        assert_eq!(
+            field(
+                Endpoint::Chat,
+                br#"{"messages":[{"role":"u","content":[3]}]}"#
+            ),
+            "messages"
+        );
+        assert_eq!(
+            field(Endpoint::Chat, br#"{"model":"a","model":"b"}"#),
+            "model"
+        );
+        assert_eq!(
+            field(Endpoint::Chat, br#"{"messages":[{"role":"a","role":"b"}]}"#),
+            "messages"
+        );
+        assert_eq!(
+            field(Endpoint::Completions, br#"{"prompt":[1,-2]}"#),
+            "prompt"
+        );
+        assert_eq!(
+            field(Endpoint::Completions, br#"{"prompt":[1.5]}"#),
+            "prompt"
+        );
+        assert_eq!(
+            field(Endpoint::Completions, br#"{"prompt":[4294967296]}"#),
+            "prompt"
+        );
+        assert_eq!(
+            field(Endpoint::Completions, br#"{"prompt":[true]}"#),
+            "prompt"
+        );
+        assert_eq!(field(Endpoint::Embeddings, br#"{"input":{}}"#), "input");
+    }
+
+    #[test]
+    fn broken_json_is_malformed_even_after_the_fields_routing_reads() {
+        for body in [
+            &br#"{"messages":[{"role":"user","content":"x"}]"#[..],
+            br#"{"messages":[{"role":"user","content":"x"}]} x"#,
+            br#"{"messages":[{"role":"user","content":"x"}],"extra":[1,}"#,
+            br#"{"messages":[{"role":"user","content":"tab	inside"}]}"#,
+            b"{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}",
+            br#"{"messages":[{"role":"user","content":"\ud800"}]}"#,
+            br#"[1,"#,
+        ] {
+            assert!(
+                matches!(
+                    parse(Endpoint::Chat, body),
+                    Err(GatewayError::MalformedJson(_))
+                ),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+
+    #[test]
+    fn batches_route_by_their_first_element() {
+        let p = |b: &'static [u8]| parse(Endpoint::Completions, b).map(|r| r.prompt);
+        assert_eq!(
+            p(br#"{"prompt":["a",{"any":[1]},3]}"#).unwrap(),
+            Prompt::Text("a".into())
+        );
+        assert_eq!(
+            p(br#"{"prompt":[[1,2],"anything"]}"#).unwrap(),
+            Prompt::Tokens(vec![1, 2])
+        );
+        let r = parse(
+            Endpoint::Responses,
+            br#"{"input":[{"role":"user","content":"q"},{"type":"function_call_output","output":"r"}]}"#,
+        )
+        .unwrap();
+        let Prompt::Chat { messages, .. } = r.prompt else {
+            panic!()
+        };
+        assert_eq!(messages[1].role, "function_call_output");
     }
 
     #[test]
