@@ -17,8 +17,9 @@
 //!   grace period, through the binary's own serving path); starts the background tasks
 //!   (health, scrapes, models, index expiry, KV events) and, when enabled, replica gossip.
 //! - [`proxy`] — the OpenAI endpoints: body read once under a limit, routing fields parsed by
-//!   borrowing ([`proxy::parse`]), original bytes forwarded, SSE relayed frame by frame
-//!   ([`proxy::body`]), retries before the first byte only; served thread-per-core
+//!   borrowing ([`proxy::parse`] over the validating reader [`proxy::json`]), original bytes
+//!   forwarded, SSE relayed frame by frame ([`proxy::body`]), retries before the first byte
+//!   only; served thread-per-core
 //!   ([`proxy::server`]), the four proxied routes straight from hyper and everything else through
 //!   the axum router ([`proxy::service`]).
 //! - [`admin`] — `/health`, `/ready`, `/metrics`, `/v1/models`, `/admin/*`.
