@@ -168,7 +168,12 @@ enum Value<'a> {
     Items(Vec<Message<'a>>),
 }
 
-fn wrong(field: &'static str, expected: &str, found: Kind) -> GatewayError {
+/// A value of the wrong kind for `field`. The value is skipped first, so a malformed one
+/// (`fals`, `1.`) is reported as malformed JSON rather than as a wrong type.
+fn wrong(r: &mut Reader<'_>, field: &'static str, expected: &str, found: Kind) -> GatewayError {
+    if let Err(e) = r.skip_value() {
+        return e.into();
+    }
     invalid(
         field,
         format!("expected {expected}, found {}", found.describe()),
@@ -185,7 +190,7 @@ fn once<T>(slot: &mut Option<T>, field: &'static str) -> Result<(), GatewayError
 fn string<'a>(r: &mut Reader<'a>, field: &'static str) -> Result<Cow<'a, str>, GatewayError> {
     match r.expect_value()? {
         Kind::String => Ok(r.string()?),
-        k => Err(wrong(field, "a string", k)),
+        k => Err(wrong(r, field, "a string", k)),
     }
 }
 
@@ -217,7 +222,7 @@ fn fields<'a>(r: &mut Reader<'a>) -> Result<Fields<'a>, GatewayError> {
             Key::Tools => f.tools = Some(r.raw()?),
             Key::Stream => match r.expect_value()? {
                 Kind::Bool => f.stream = r.literal()?,
-                k => return Err(wrong(field, "a boolean", k)),
+                k => return Err(wrong(r, field, "a boolean", k)),
             },
             Key::CacheSalt => f.cache_salt = Some(string(r, field)?),
         }
@@ -228,7 +233,7 @@ fn fields<'a>(r: &mut Reader<'a>) -> Result<Fields<'a>, GatewayError> {
 fn messages<'a>(r: &mut Reader<'a>, field: &'static str) -> Result<Vec<Message<'a>>, GatewayError> {
     match r.expect_value()? {
         Kind::Array => {}
-        k => return Err(wrong(field, "an array of messages", k)),
+        k => return Err(wrong(r, field, "an array of messages", k)),
     }
     r.begin_array()?;
     let mut out = Vec::new();
@@ -242,7 +247,7 @@ fn messages<'a>(r: &mut Reader<'a>, field: &'static str) -> Result<Vec<Message<'
 fn message_item<'a>(r: &mut Reader<'a>, field: &'static str) -> Result<Message<'a>, GatewayError> {
     match r.expect_value()? {
         Kind::Object => {}
-        k => return Err(wrong(field, "message objects", k)),
+        k => return Err(wrong(r, field, "message objects", k)),
     }
     let (mut role, mut kind, mut content) = (None, None, None);
     r.begin_object()?;
@@ -331,7 +336,7 @@ fn part<'a>(r: &mut Reader<'a>, field: &'static str) -> Result<Option<Cow<'a, st
             r.skip_value()?;
             Ok(None)
         }
-        k => Err(wrong(field, "content parts", k)),
+        k => Err(wrong(r, field, "content parts", k)),
     }
 }
 
@@ -339,7 +344,7 @@ fn value<'a>(r: &mut Reader<'a>, field: &'static str) -> Result<Value<'a>, Gatew
     match r.expect_value()? {
         Kind::String => return Ok(Value::Text(r.string()?)),
         Kind::Array => {}
-        k => return Err(wrong(field, "a string or an array", k)),
+        k => return Err(wrong(r, field, "a string or an array", k)),
     }
     r.begin_array()?;
     let mut first = true;
@@ -376,14 +381,14 @@ fn value<'a>(r: &mut Reader<'a>, field: &'static str) -> Result<Value<'a>, Gatew
             }
             Ok(Value::Items(items))
         }
-        k => Err(wrong(field, "strings, token ids or message items", k)),
+        k => Err(wrong(r, field, "strings, token ids or message items", k)),
     }
 }
 
 fn token(r: &mut Reader<'_>, field: &'static str) -> Result<u32, GatewayError> {
     match r.expect_value()? {
         Kind::Number => {}
-        k => return Err(wrong(field, "token ids", k)),
+        k => return Err(wrong(r, field, "token ids", k)),
     }
     let (digits, integer) = r.number()?;
     if !integer || digits.starts_with('-') {
@@ -701,6 +706,9 @@ mod tests {
             b"{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}",
             br#"{"messages":[{"role":"user","content":"\ud800"}]}"#,
             br#"[1,"#,
+            br#"{"model":fals,"messages":[{"role":"user","content":"x"}]}"#,
+            br#"{"stream":tru,"messages":[{"role":"user","content":"x"}]}"#,
+            br#"{"messages":-[{"role":"user","content":"x"}]}"#,
         ] {
             assert!(
                 matches!(
