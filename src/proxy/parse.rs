@@ -236,10 +236,18 @@ fn messages<'a>(r: &mut Reader<'a>, field: &'static str) -> Result<Vec<Message<'
         k => return Err(wrong(r, field, "an array of messages", k)),
     }
     r.begin_array()?;
-    let mut out = Vec::new();
-    let mut first = true;
-    while r.next_item(&mut first)? {
-        out.push(message_item(r, field)?);
+    items(r, &mut true, Vec::new(), |r| message_item(r, field))
+}
+
+/// Reads the rest of the current array with `item`, after `out`.
+fn items<'a, T>(
+    r: &mut Reader<'a>,
+    first: &mut bool,
+    mut out: Vec<T>,
+    mut item: impl FnMut(&mut Reader<'a>) -> Result<T, GatewayError>,
+) -> Result<Vec<T>, GatewayError> {
+    while r.next_item(first)? {
+        out.push(item(r)?);
     }
     Ok(out)
 }
@@ -358,28 +366,22 @@ fn value<'a>(r: &mut Reader<'a>, field: &'static str) -> Result<Value<'a>, Gatew
             Ok(Value::Text(t))
         }
         Kind::Number => {
-            let mut ids = vec![token(r, field)?];
-            while r.next_item(&mut first)? {
-                ids.push(token(r, field)?);
-            }
-            Ok(Value::Tokens(ids))
+            let head = vec![token(r, field)?];
+            Ok(Value::Tokens(items(r, &mut first, head, |r| {
+                token(r, field)
+            })?))
         }
         Kind::Array => {
             r.begin_array()?;
-            let mut ids = Vec::new();
-            let mut inner = true;
-            while r.next_item(&mut inner)? {
-                ids.push(token(r, field)?);
-            }
+            let ids = items(r, &mut true, Vec::new(), |r| token(r, field))?;
             r.skip_items(&mut first)?;
             Ok(Value::Tokens(ids))
         }
         Kind::Object => {
-            let mut items = vec![message_item(r, field)?];
-            while r.next_item(&mut first)? {
-                items.push(message_item(r, field)?);
-            }
-            Ok(Value::Items(items))
+            let head = vec![message_item(r, field)?];
+            Ok(Value::Items(items(r, &mut first, head, |r| {
+                message_item(r, field)
+            })?))
         }
         k => Err(wrong(r, field, "strings, token ids or message items", k)),
     }
@@ -647,53 +649,41 @@ mod tests {
 
     #[test]
     fn wrong_types_and_repeats_name_the_field() {
-        let field = |endpoint, body: &'static [u8]| match parse(endpoint, body) {
-            Err(GatewayError::InvalidField { field, .. }) => field,
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(field(Endpoint::Chat, br#"{"model":3}"#), "model");
-        assert_eq!(field(Endpoint::Chat, br#"{"stream":"yes"}"#), "stream");
-        assert_eq!(field(Endpoint::Chat, br#"{"messages":{}}"#), "messages");
-        assert_eq!(field(Endpoint::Chat, br#"{"messages":["hi"]}"#), "messages");
-        assert_eq!(
-            field(
-                Endpoint::Chat,
-                br#"{"messages":[{"role":1,"content":"x"}]}"#
+        use Endpoint::{Chat, Completions, Embeddings};
+        let cases: [(Endpoint, &[u8], &str); 14] = [
+            (Chat, br#"{"model":3}"#, "model"),
+            (Chat, br#"{"stream":"yes"}"#, "stream"),
+            (Chat, br#"{"messages":{}}"#, "messages"),
+            (Chat, br#"{"messages":["hi"]}"#, "messages"),
+            (
+                Chat,
+                br#"{"messages":[{"role":1,"content":"x"}]}"#,
+                "messages",
             ),
-            "messages"
-        );
-        assert_eq!(
-            field(
-                Endpoint::Chat,
-                br#"{"messages":[{"role":"u","content":[3]}]}"#
+            (
+                Chat,
+                br#"{"messages":[{"role":"u","content":[3]}]}"#,
+                "messages",
             ),
-            "messages"
-        );
-        assert_eq!(
-            field(Endpoint::Chat, br#"{"model":"a","model":"b"}"#),
-            "model"
-        );
-        assert_eq!(
-            field(Endpoint::Chat, br#"{"messages":[{"role":"a","role":"b"}]}"#),
-            "messages"
-        );
-        assert_eq!(
-            field(Endpoint::Completions, br#"{"prompt":[1,-2]}"#),
-            "prompt"
-        );
-        assert_eq!(
-            field(Endpoint::Completions, br#"{"prompt":[1.5]}"#),
-            "prompt"
-        );
-        assert_eq!(
-            field(Endpoint::Completions, br#"{"prompt":[4294967296]}"#),
-            "prompt"
-        );
-        assert_eq!(
-            field(Endpoint::Completions, br#"{"prompt":[true]}"#),
-            "prompt"
-        );
-        assert_eq!(field(Endpoint::Embeddings, br#"{"input":{}}"#), "input");
+            (Chat, br#"{"model":"a","model":"b"}"#, "model"),
+            (
+                Chat,
+                br#"{"messages":[{"role":"a","role":"b"}]}"#,
+                "messages",
+            ),
+            (Completions, br#"{"prompt":[1,-2]}"#, "prompt"),
+            (Completions, br#"{"prompt":[1.5]}"#, "prompt"),
+            (Completions, br#"{"prompt":[4294967296]}"#, "prompt"),
+            (Completions, br#"{"prompt":[true]}"#, "prompt"),
+            (Completions, br#"{"prompt":[]}"#, "prompt"),
+            (Embeddings, br#"{"input":{}}"#, "input"),
+        ];
+        for (endpoint, body, expected) in cases {
+            match parse(endpoint, body) {
+                Err(GatewayError::InvalidField { field, .. }) => assert_eq!(field, expected),
+                other => panic!("{}: {other:?}", String::from_utf8_lossy(body)),
+            }
+        }
     }
 
     #[test]
