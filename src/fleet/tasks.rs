@@ -7,8 +7,8 @@
 //! - These loops are the only writers of active health verdicts, engine load and the models cache.
 
 use super::health::Streak;
-use super::{models, scrape, Fleet};
-use crate::client::HttpClient;
+use super::{models, scrape, Fleet, Instance};
+use crate::client::{HttpClient, SendError};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::metrics;
@@ -57,6 +57,19 @@ pub fn spawn(probe: Probe, token: CancellationToken) -> Vec<tokio::task::JoinHan
     handles
 }
 
+/// `GET path` on `inst`, its body read up to `limit` bytes.
+async fn get(
+    client: &HttpClient,
+    inst: &Instance,
+    path: &str,
+    timeout: Duration,
+    limit: usize,
+) -> Result<(http::StatusCode, bytes::Bytes), SendError> {
+    client
+        .get_bytes(&inst.authority, &inst.host_header, path, timeout, limit)
+        .await
+}
+
 fn ticker(ms: u64) -> tokio::time::Interval {
     let mut t = tokio::time::interval(Duration::from_millis(ms));
     t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -76,15 +89,7 @@ async fn health_loop(p: Probe, token: CancellationToken) {
         let checks = p.fleet.instances().iter().map(|inst| {
             let client = p.client.clone();
             async move {
-                let got = client
-                    .get_bytes(
-                        &inst.authority,
-                        &inst.host_header,
-                        "/health",
-                        timeout,
-                        64 * 1024,
-                    )
-                    .await;
+                let got = get(&client, inst, "/health", timeout, 64 * 1024).await;
                 matches!(got, Ok((s, _)) if s.is_success())
             }
         });
@@ -140,11 +145,7 @@ async fn models_loop(p: Probe, token: CancellationToken) {
         let fetches = p.fleet.instances().iter().filter(|i| i.health.usable(now)).map(|inst| {
             let client = p.client.clone();
             async move {
-                let host = &inst.host_header;
-                match client
-                    .get_bytes(&inst.authority, host, "/v1/models", timeout, PROBE_BODY_LIMIT)
-                    .await
-                {
+                match get(&client, inst, "/v1/models", timeout, PROBE_BODY_LIMIT).await {
                     Ok((s, body)) if s.is_success() => match models::parse_list(&body) {
                         Ok(list) => Some((inst.pool, list)),
                         Err(e) => {
@@ -178,11 +179,7 @@ async fn scrape_loop(p: Probe, token: CancellationToken) {
         let scrapes = p.fleet.instances().iter().map(|inst| {
             let client = p.client.clone();
             async move {
-                let host = &inst.host_header;
-                match client
-                    .get_bytes(&inst.authority, host, "/metrics", timeout, PROBE_BODY_LIMIT)
-                    .await
-                {
+                match get(&client, inst, "/metrics", timeout, PROBE_BODY_LIMIT).await {
                     Ok((s, body)) if s.is_success() => {
                         let text = std::str::from_utf8(&body).ok()?;
                         Some(scrape::parse_metrics(text, inst.flavour))
