@@ -14,9 +14,10 @@ pub const X_MATCHED_BLOCKS: HeaderName = HeaderName::from_static("x-kvgate-match
 /// Response header: the policy's predicted time to first token on the chosen instance, in ms.
 pub const X_PREDICTED_TTFT: HeaderName = HeaderName::from_static("x-kvgate-predicted-ttft-ms");
 
-const HOP_BY_HOP: [HeaderName; 8] = [
+const HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
     header::TE,
@@ -29,11 +30,7 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass of cheap comparisons first: usually there is nothing to remove, and a removal
     // hashes its name.
-    let proxy_connection = HeaderName::from_static("proxy-connection");
-    if !headers
-        .keys()
-        .any(|k| HOP_BY_HOP.contains(k) || *k == proxy_connection)
-    {
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
         return;
     }
     if let Some(conn) = headers.get(header::CONNECTION).cloned() {
@@ -48,7 +45,6 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for h in HOP_BY_HOP.iter() {
         headers.remove(h);
     }
-    headers.remove(proxy_connection);
 }
 
 /// The client's request id if it sent a usable one, else a fresh one.
