@@ -36,6 +36,7 @@
 //!   instance with `kv_events`, started with the background tasks, shown in `/admin/index`.
 //! - [`metrics`] — every metric name, help text and bucket set.
 //! - [`config`] — one typed [`config::Config`]; defaults in one place; TOML < `KVGATE_*` env < flags.
+//! - [`alloc`] — the binaries' global allocator (mimalloc through its unaligned fast paths).
 //! - `crates/core` (`kvgate-core`) — the pure routing core: hashing, placement index, load, policies.
 //!   No I/O, no clock (time is passed in via [`clock::Clock`] at this edge).
 //! - `crates/tokenizer` — tokenizers and chat templates for token-mode hashing.
@@ -47,6 +48,7 @@
 //!   `loadtest/overhead.sh` measures the proxy's own cost against nginx.
 
 pub mod admin;
+pub mod alloc;
 pub mod app;
 pub mod client;
 pub mod clock;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 // A faster allocator for the many small per-request allocations of the proxy path.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: kvgate::alloc::MiMalloc = kvgate::alloc::MiMalloc;
 
 /// Cache-aware request router for LLM inference fleets.
 #[derive(Parser, Debug)]

@@ -8,7 +8,7 @@ use clap::Parser;
 // The simulators (offline and the in-process fleets) make many small short-lived allocations per
 // engine step and per KV event; mimalloc is markedly faster at them than the system allocator.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: kvgate::alloc::MiMalloc = kvgate::alloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
     let args = cli::Cli::parse();
