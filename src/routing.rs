@@ -245,8 +245,18 @@ impl Routing {
             cache_salt: input.cache_salt.as_deref(),
         };
         let root = namespace_root(&ns);
-        let mut canon = CanonicalPrompt::new();
         let mut token_ids: Option<&[u32]> = None;
+        let mut canon = match &input.prompt {
+            // Sized up front: growing it message by message reallocates and copies.
+            Prompt::Chat { messages, tools } => CanonicalPrompt::with_capacity(
+                tools.map_or(0, |t| CanonicalPrompt::record_len("tools".len(), t.len()))
+                    + messages
+                        .iter()
+                        .map(|m| CanonicalPrompt::record_len(m.role.len(), m.content.len()))
+                        .sum::<usize>(),
+            ),
+            _ => CanonicalPrompt::new(),
+        };
         match &input.prompt {
             Prompt::Chat { messages, tools } => {
                 if let Some(t) = tools {
@@ -318,7 +328,7 @@ impl Routing {
         request_id: &http::HeaderValue,
     ) -> Result<Routed, GatewayError> {
         let started = Instant::now();
-        let now = self.clock.now_ms();
+        let now = self.clock.ms_at(started);
         let mut matches = PrefixMatches::default();
         let gossip = self.gossip.get();
         if !prep.hashes.is_empty() {

@@ -220,6 +220,16 @@ impl CanonicalPrompt {
     pub fn new() -> Self {
         Self::default()
     }
+    /// An empty rendering with room for `bytes` rendered bytes.
+    pub fn with_capacity(bytes: usize) -> Self {
+        Self {
+            buf: Vec::with_capacity(bytes),
+        }
+    }
+    /// The rendered size of a record (a message or a part) of these lengths.
+    pub fn record_len(head: usize, body: usize) -> usize {
+        head + body + 2
+    }
     /// Appends one chat message (role, then content).
     pub fn push_message(&mut self, role: &str, content: &str) {
         self.push_record(role.as_bytes(), content.as_bytes());
@@ -255,7 +265,7 @@ impl CanonicalPrompt {
         self.buf
     }
     fn push_record(&mut self, head: &[u8], body: &[u8]) {
-        self.buf.reserve(head.len() + body.len() + 2);
+        self.buf.reserve(Self::record_len(head.len(), body.len()));
         self.buf.extend_from_slice(head);
         self.buf.push(UNIT_SEP);
         self.buf.extend_from_slice(body);
