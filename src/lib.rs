@@ -19,9 +19,10 @@
 //! - [`proxy`] — the OpenAI endpoints: body read once under a limit, routing fields parsed by
 //!   borrowing ([`proxy::parse`] over the validating reader [`proxy::json`]), original bytes
 //!   forwarded, SSE relayed frame by frame ([`proxy::body`]), retries before the first byte
-//!   only; served thread-per-core
-//!   ([`proxy::server`]), the four proxied routes straight from hyper and everything else through
-//!   the axum router ([`proxy::service`]).
+//!   only; served thread-per-core ([`proxy::server`]): plain proxied `POST`s on kvgate's own
+//!   HTTP/1.1 loop ([`proxy::h1`]), any other request through hyper, with the proxied routes
+//!   going straight to the same handler and everything else through the axum router
+//!   ([`proxy::service`]).
 //! - [`admin`] — `/health`, `/ready`, `/metrics`, `/v1/models`, `/admin/*`.
 //! - [`routing`] — the only caller of the routing core: prompt → block hashes → index match →
 //!   policy decision → prediction + load guard; keeps the decision log.

@@ -10,6 +10,8 @@
 //! - Errors become responses only through [`GatewayError`]'s single mapping.
 
 pub mod body;
+pub mod date;
+pub mod h1;
 pub mod headers;
 pub mod json;
 pub mod parse;

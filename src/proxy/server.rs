@@ -12,9 +12,10 @@
 //! - Shutdown: the acceptor stops accepting, every worker drains its connections for up to
 //!   `server.shutdown_grace_ms`, then drops what is left; [`run`] returns once every worker exited.
 
+use super::h1;
 use super::service::GatewayService;
 use crate::app::{self, AppState};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use std::future::Future;
@@ -99,8 +100,9 @@ pub async fn run(
     Ok(())
 }
 
-/// One worker: serves the connections handed to it (HTTP/1.1, or HTTP/2 with prior knowledge)
-/// until shutdown, then drains for `grace`.
+/// One worker: serves the connections handed to it until shutdown, then drains for `grace`.
+/// Each connection starts on kvgate's HTTP/1.1 loop ([`super::h1`]), which hands it to hyper
+/// (HTTP/1.1, or HTTP/2 with prior knowledge) at its first request that loop does not serve.
 async fn worker(
     mut incoming: mpsc::UnboundedReceiver<std::net::TcpStream>,
     state: AppState,
@@ -108,9 +110,12 @@ async fn worker(
     grace: Duration,
 ) {
     let anchor = tokio::spawn(timer_anchor());
-    let service = GatewayService::new(state);
-    let builder = auto::Builder::new(TokioExecutor::new());
     let graceful = GracefulShutdown::new();
+    let conns = h1::Connections {
+        service: GatewayService::new(state),
+        builder: auto::Builder::new(TokioExecutor::new()),
+        drain: token.clone(),
+    };
     loop {
         let std = tokio::select! {
             s = incoming.recv() => match s {
@@ -122,16 +127,10 @@ async fn worker(
         let Ok(stream) = TcpStream::from_std(std) else {
             continue;
         };
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service.clone())
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!("connection ended with an error: {e}");
-            }
-        });
+        tokio::spawn(h1::serve(stream, conns.clone(), graceful.watcher()));
     }
+    drop(conns);
+    // Every connection holds a watcher until it ends, so this waits for all of them.
     tokio::select! {
         _ = graceful.shutdown() => {}
         _ = tokio::time::sleep(grace) => {

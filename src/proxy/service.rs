@@ -1,6 +1,6 @@
-//! The service every serving thread runs per connection: the four proxied endpoints go straight
-//! to [`super::handle`]; everything else (admin, health, metrics, models, 404/405) goes through
-//! the axum router.
+//! The hyper service of a connection [`super::h1`] handed off: the four proxied endpoints go
+//! straight to [`super::handle`]; everything else (admin, health, metrics, models, 404/405) goes
+//! through the axum router.
 //!
 //! Invariants:
 //! - The proxied paths answer exactly as through the router: the same handler, the same errors;
@@ -29,6 +29,11 @@ impl GatewayService {
     pub fn new(state: AppState) -> Self {
         let router = app::router(state.clone());
         Self { state, router }
+    }
+
+    /// The shared state.
+    pub fn state(&self) -> &AppState {
+        &self.state
     }
 }
 

@@ -1,0 +1,656 @@
+//! kvgate's own HTTP/1.1 loop for the four proxied `POST` endpoints; everything else on a
+//! connection is handed to hyper.
+//!
+//! Why: a proxied request is small and regular (a `POST` with a `Content-Length` body), and on
+//! such requests hyper's general server (dispatcher, body channel, boxed service future, response
+//! re-encoding) costs more CPU than kvgate's own parsing and routing. This loop parses the head
+//! with httparse, reads the body into one buffer, calls the same [`super::handle`] as the hyper
+//! path, and writes a small complete answer with one write.
+//!
+//! Invariants:
+//! - A request is served here only when this loop answers it exactly as the hyper path would:
+//!   `POST`, HTTP/1.1, an origin-form path of one of the four endpoints, one valid
+//!   `Content-Length` within `server.body_limit_bytes`, no `Transfer-Encoding`, `Expect` or
+//!   `Upgrade`, at most [`MAX_HEADERS`] fields in at most [`MAX_HEAD_BYTES`]. At the first other
+//!   request the connection, with every byte read so far, goes to hyper for the rest of its life,
+//!   so hyper's answers (400, 405, 413, 431, admin routes, HTTP/2 with prior knowledge) stand.
+//! - Answers are framed here: `Content-Length` when the body's size is known, chunked otherwise
+//!   (none for 1xx/204/304); framing and connection headers from the handler never pass through.
+//! - While an answer is relayed the client socket is watched: end of file or an error drops the
+//!   answer, and so the upstream request; bytes that arrive (a pipelined request) are kept, up to
+//!   [`MAX_HEAD_BYTES`] beyond which the socket is no longer read until the answer ends.
+//! - Between requests a cancelled drain token closes the connection; a request under way finishes.
+
+use super::body::GatewayBody;
+use super::parse::Endpoint;
+use super::service::GatewayService;
+use bytes::{Buf, Bytes, BytesMut};
+use futures_util::FutureExt;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, StatusCode, Uri, Version};
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::Watcher;
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+/// Most header fields in a request served here (hyper's default limit).
+pub const MAX_HEADERS: usize = 100;
+/// Most bytes of request head served here, and most bytes kept from a client while an answer is
+/// relayed.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Data frames up to this size are copied behind the pending head or chunk prefix and sent with
+/// one write; larger ones are written from their own buffer.
+const COPY_BYTES: usize = 16 * 1024;
+/// Buffer space ensured before each read of a request head.
+const READ_RESERVE: usize = 4 * 1024;
+
+/// What serving a connection needs; cloned once per connection.
+#[derive(Clone)]
+pub struct Connections {
+    /// The service (its state for the proxied routes; the whole of it after a hand-off).
+    pub service: GatewayService,
+    /// hyper's connection builder, for hand-offs.
+    pub builder: auto::Builder<TokioExecutor>,
+    /// Cancelled when the server starts draining.
+    pub drain: CancellationToken,
+}
+
+/// Where a name or value lies in the head: offset and length.
+type Span = (u32, u32);
+
+/// A request head this loop serves.
+struct Head {
+    endpoint: Endpoint,
+    /// Bytes of head, request line to the blank line.
+    len: usize,
+    body_len: usize,
+    /// The client asked to close the connection after this answer.
+    close: bool,
+    target: Span,
+}
+
+/// Name and value of each header field of the last head parsed, in order.
+type Fields = Vec<(Span, Span)>;
+
+/// What the bytes at the start of the buffer are.
+enum Parsed {
+    /// A complete head served here.
+    Serve(Head),
+    /// More bytes are needed.
+    Partial,
+    /// Anything else: hyper takes the connection.
+    HandOff,
+}
+
+/// Serves `stream` until the client closes it, an error, a drain between requests, or a
+/// hand-off to hyper. `watcher` is held for the connection's whole life, so that graceful
+/// shutdown waits for it, and watches it once handed off.
+pub async fn serve(mut stream: TcpStream, conns: Connections, watcher: Watcher) {
+    let limit = conns.service.state().config.server.body_limit_bytes;
+    let mut buf = BytesMut::with_capacity(READ_RESERVE);
+    let mut fields = Fields::with_capacity(16);
+    loop {
+        let head = loop {
+            match parse(&buf, limit, &mut fields) {
+                Parsed::Serve(h) => break h,
+                Parsed::HandOff => return hand_off(stream, buf.freeze(), conns, watcher).await,
+                Parsed::Partial if buf.len() >= MAX_HEAD_BYTES => {
+                    return hand_off(stream, buf.freeze(), conns, watcher).await
+                }
+                Parsed::Partial => {}
+            }
+            buf.reserve(READ_RESERVE);
+            let read = if buf.is_empty() {
+                tokio::select! {
+                    biased;
+                    r = stream.read_buf(&mut buf) => r,
+                    _ = conns.drain.cancelled() => return,
+                }
+            } else {
+                stream.read_buf(&mut buf).await
+            };
+            match read {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        };
+        let total = head.len + head.body_len;
+        if buf.len() < total {
+            buf.reserve(total - buf.len());
+            while buf.len() < total {
+                match stream.read_buf(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        }
+        let head_bytes = buf.split_to(head.len).freeze();
+        let body = buf.split_to(head.body_len).freeze();
+        let Some(req) = request(&head, &fields, &head_bytes, body) else {
+            // Only a field httparse accepts and `http` refuses gets here: hyper answers it.
+            let mut read = BytesMut::from(&head_bytes[..]);
+            read.extend_from_slice(&buf);
+            return hand_off(stream, read.freeze(), conns, watcher).await;
+        };
+        let state = conns.service.state().clone();
+        let resp = super::handle(state, head.endpoint, req).await;
+        let close = head.close || conns.drain.is_cancelled();
+        if write_answer(&mut stream, &mut buf, resp, close)
+            .await
+            .is_err()
+            || close
+        {
+            let _ = stream.shutdown().await;
+            return;
+        }
+    }
+}
+
+/// Classifies the head at the start of `buf`; for a head served here, `fields` locates its
+/// header fields.
+fn parse(buf: &[u8], limit: usize, fields: &mut Fields) -> Parsed {
+    if buf.is_empty() {
+        return Parsed::Partial;
+    }
+    let mut raw = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let len = match httparse::ParserConfig::default()
+        .parse_request_with_uninit_headers(&mut req, buf, &mut raw)
+    {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => {
+            // A request line that cannot be served here is known before the head is complete.
+            return match req.method {
+                Some(m) if m != "POST" => Parsed::HandOff,
+                _ => Parsed::Partial,
+            };
+        }
+        Err(_) => return Parsed::HandOff,
+    };
+    if req.method != Some("POST") || req.version != Some(1) {
+        return Parsed::HandOff;
+    }
+    let Some(target) = req.path else {
+        return Parsed::HandOff;
+    };
+    let path = target.split_once('?').map_or(target, |(p, _)| p);
+    let Some(endpoint) = Endpoint::for_path(path) else {
+        return Parsed::HandOff;
+    };
+    let base = buf.as_ptr() as usize;
+    // Both slices point into `buf` (httparse never copies), within MAX_HEAD_BYTES.
+    let span = |s: &[u8]| ((s.as_ptr() as usize - base) as u32, s.len() as u32);
+    let mut head = Head {
+        endpoint,
+        len,
+        body_len: 0,
+        close: false,
+        target: span(target.as_bytes()),
+    };
+    fields.clear();
+    let mut body_len: Option<usize> = None;
+    for f in req.headers.iter() {
+        fields.push((span(f.name.as_bytes()), span(f.value)));
+        let name = f.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"content-length") {
+            let n = match parse_decimal(f.value) {
+                Some(n) if body_len.is_none() && n <= limit => n,
+                _ => return Parsed::HandOff,
+            };
+            body_len = Some(n);
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding")
+            || name.eq_ignore_ascii_case(b"expect")
+            || name.eq_ignore_ascii_case(b"upgrade")
+        {
+            return Parsed::HandOff;
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for token in f.value.split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    head.close = true;
+                } else if token.eq_ignore_ascii_case(b"upgrade") {
+                    return Parsed::HandOff;
+                }
+            }
+        }
+    }
+    match body_len {
+        Some(n) => {
+            head.body_len = n;
+            Parsed::Serve(head)
+        }
+        None => Parsed::HandOff,
+    }
+}
+
+/// A `Content-Length` value: ASCII digits only, no sign, no overflow.
+fn parse_decimal(v: &[u8]) -> Option<usize> {
+    if v.is_empty() || v.len() > 19 {
+        return None;
+    }
+    v.iter().try_fold(0usize, |n, &b| {
+        b.is_ascii_digit().then(|| n * 10 + usize::from(b - b'0'))
+    })
+}
+
+/// The request `head` describes, as the handler takes it: the target and header values share
+/// `bytes` (the head's) rather than copying them. `None` when `http` refuses a name or value.
+fn request(
+    head: &Head,
+    fields: &Fields,
+    bytes: &Bytes,
+    body: Bytes,
+) -> Option<Request<Full<Bytes>>> {
+    let cut = |(at, len): Span| bytes.slice(at as usize..(at + len) as usize);
+    let uri = Uri::from_maybe_shared(cut(head.target)).ok()?;
+    let mut headers = HeaderMap::with_capacity(fields.len());
+    for &(name, value) in fields {
+        let (at, len) = (name.0 as usize, name.1 as usize);
+        let name = HeaderName::from_bytes(&bytes[at..at + len]).ok()?;
+        let value = HeaderValue::from_maybe_shared(cut(value)).ok()?;
+        headers.append(name, value);
+    }
+    let mut req = Request::new(Full::new(body));
+    *req.method_mut() = Method::POST;
+    *req.uri_mut() = uri;
+    *req.version_mut() = Version::HTTP_11;
+    *req.headers_mut() = headers;
+    Some(req)
+}
+
+/// Writes `resp` to `stream`, relaying its body frame by frame. `Err`: the client is gone or the
+/// body failed; the connection must close.
+async fn write_answer(
+    stream: &mut TcpStream,
+    pending: &mut BytesMut,
+    resp: http::Response<GatewayBody>,
+    close: bool,
+) -> io::Result<()> {
+    let (parts, mut body) = resp.into_parts();
+    let bodiless = parts.status.is_informational()
+        || parts.status == StatusCode::NO_CONTENT
+        || parts.status == StatusCode::NOT_MODIFIED;
+    let framing = if bodiless {
+        Framing::None
+    } else {
+        match body.size_hint().exact() {
+            Some(n) => Framing::Length(n),
+            None => Framing::Chunked,
+        }
+    };
+    let mut out = BytesMut::with_capacity(512);
+    encode_head(&mut out, parts.status, &parts.headers, framing, close);
+    if bodiless {
+        return write_all(stream, &out, &[]).await;
+    }
+    let mut watching = true;
+    loop {
+        // A frame that is ready now goes out with what is pending; otherwise what is pending (the
+        // head, first of all) is sent before waiting, as a streaming client expects.
+        let frame = match body.frame().now_or_never() {
+            Some(f) => f,
+            None => {
+                if !out.is_empty() {
+                    write_all(stream, &out, &[]).await?;
+                    out.clear();
+                }
+                tokio::select! {
+                    biased;
+                    f = body.frame() => f,
+                    gone = client_gone(stream, pending), if watching => {
+                        if gone {
+                            return Err(io::ErrorKind::ConnectionAborted.into());
+                        }
+                        watching = pending.len() < MAX_HEAD_BYTES;
+                        continue;
+                    }
+                }
+            }
+        };
+        let data = match frame {
+            None => break,
+            Some(Err(e)) => return Err(io::Error::other(e)),
+            Some(Ok(f)) => match f.into_data() {
+                Ok(d) => d,
+                // Trailers are not relayed.
+                Err(_) => continue,
+            },
+        };
+        if data.is_empty() {
+            continue;
+        }
+        if framing == Framing::Chunked {
+            out.extend_from_slice(format_chunk_size(data.len()).as_bytes());
+        }
+        if data.len() <= COPY_BYTES {
+            out.extend_from_slice(&data);
+            if framing == Framing::Chunked {
+                out.extend_from_slice(b"\r\n");
+            }
+        } else {
+            write_all(stream, &out, &data).await?;
+            out.clear();
+            if framing == Framing::Chunked {
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+        if body.is_end_stream() {
+            break;
+        }
+    }
+    if framing == Framing::Chunked {
+        out.extend_from_slice(b"0\r\n\r\n");
+    }
+    if !out.is_empty() {
+        write_all(stream, &out, &[]).await?;
+    }
+    Ok(())
+}
+
+/// Waits until the client socket is readable; `true` when the client closed it or it failed,
+/// `false` after keeping what arrived in `pending`.
+async fn client_gone(stream: &TcpStream, pending: &mut BytesMut) -> bool {
+    if stream.readable().await.is_err() {
+        return true;
+    }
+    pending.reserve(READ_RESERVE);
+    match stream.try_read_buf(pending) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
+        Err(_) => true,
+    }
+}
+
+/// How an answer's body is delimited.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Framing {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+/// Appends the status line, `date`, the handler's end-to-end headers and the framing headers.
+fn encode_head(
+    out: &mut BytesMut,
+    status: StatusCode,
+    headers: &HeaderMap,
+    framing: Framing,
+    close: bool,
+) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.extend_from_slice(b" ");
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let mut dated = false;
+    for (name, value) in headers {
+        if name == header::CONTENT_LENGTH
+            || name == header::TRANSFER_ENCODING
+            || name == header::CONNECTION
+        {
+            continue;
+        }
+        dated |= name == header::DATE;
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if !dated {
+        out.extend_from_slice(b"date: ");
+        super::date::with_now(|d| out.extend_from_slice(d));
+        out.extend_from_slice(b"\r\n");
+    }
+    match framing {
+        Framing::None => {}
+        Framing::Length(n) => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `{len:x}\r\n`, without allocating.
+fn format_chunk_size(len: usize) -> ChunkSize {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = [0u8; 18];
+    let mut i = 16;
+    let mut v = len;
+    loop {
+        i -= 1;
+        buf[i] = HEX[v & 0xf];
+        v >>= 4;
+        if v == 0 {
+            break;
+        }
+    }
+    buf[16] = b'\r';
+    buf[17] = b'\n';
+    ChunkSize { buf, start: i }
+}
+
+struct ChunkSize {
+    buf: [u8; 18],
+    start: usize,
+}
+
+impl ChunkSize {
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+/// Writes `a` then `b` in full, with vectored writes.
+async fn write_all(stream: &mut TcpStream, a: &[u8], b: &[u8]) -> io::Result<()> {
+    let (mut a, mut b) = (a, b);
+    while !a.is_empty() || !b.is_empty() {
+        let n = if a.is_empty() {
+            stream.write(b).await?
+        } else if b.is_empty() {
+            stream.write(a).await?
+        } else {
+            stream
+                .write_vectored(&[IoSlice::new(a), IoSlice::new(b)])
+                .await?
+        };
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let from_a = n.min(a.len());
+        a = &a[from_a..];
+        b = &b[n - from_a..];
+    }
+    Ok(())
+}
+
+/// Gives the connection, with the bytes already read from it, to hyper.
+async fn hand_off(stream: TcpStream, read: Bytes, conns: Connections, watcher: Watcher) {
+    let io = TokioIo::new(Prefixed {
+        prefix: read,
+        inner: stream,
+    });
+    let conn = conns
+        .builder
+        .serve_connection_with_upgrades(io, conns.service)
+        .into_owned();
+    if let Err(e) = watcher.watch(conn).await {
+        tracing::debug!("connection ended with an error: {e}");
+    }
+}
+
+/// A stream whose reads return `prefix` first.
+struct Prefixed {
+    prefix: Bytes,
+    inner: TcpStream,
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn classify(wire: &str) -> &'static str {
+        let mut fields = Fields::new();
+        match parse(wire.as_bytes(), 1000, &mut fields) {
+            Parsed::Serve(h) if h.close => "serve+close",
+            Parsed::Serve(_) => "serve",
+            Parsed::Partial => "partial",
+            Parsed::HandOff => "hand-off",
+        }
+    }
+
+    #[test]
+    fn serves_only_plain_proxied_posts() {
+        let ok = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}";
+        let cases = [
+            (ok, "serve"),
+            ("POST /v1/embeddings?x=1 HTTP/1.1\r\nContent-Length: 0\r\n\r\n", "serve"),
+            ("POST /v1/responses HTTP/1.1\r\ncontent-length: 9\r\nConnection: keep-alive, Close\r\n\r\n", "serve+close"),
+            ("", "partial"),
+            ("POST /v1/chat/compl", "partial"),
+            ("POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\n", "partial"),
+            ("GET /he", "hand-off"),
+            ("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "hand-off"),
+            ("POST /v1/models HTTP/1.1\r\nContent-Length: 2\r\n\r\n", "hand-off"),
+            ("POST http://x/v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n", "hand-off"),
+            ("POST /v1/chat/completions HTTP/1.0\r\nContent-Length: 2\r\n\r\n", "hand-off"),
+            ("POST /v1/chat/completions HTTP/1.1\r\n\r\n", "hand-off"),
+            ("POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 1001\r\n\r\n", "hand-off"),
+            ("POST /v1/chat/completions HTTP/1.1\r\nContent-Length: +2\r\n\r\n", "hand-off"),
+            ("POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n", "hand-off"),
+            ("POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", "hand-off"),
+            ("POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n", "hand-off"),
+            ("POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n", "hand-off"),
+            ("POST /v1/chat/completions HTTP/1.1\r\nBad Header\r\n\r\n", "hand-off"),
+        ];
+        for (wire, want) in cases {
+            assert_eq!(classify(wire), want, "{wire:?}");
+        }
+    }
+
+    #[test]
+    fn served_heads_become_the_same_request_hyper_would_build() {
+        let wire = "POST /v1/chat/completions?v=1 HTTP/1.1\r\nHost: x\r\nX-A: 1\r\nx-a: 2\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
+        let mut fields = Fields::new();
+        let Parsed::Serve(head) = parse(wire.as_bytes(), 100, &mut fields) else {
+            panic!("not served");
+        };
+        assert_eq!(head.endpoint, Endpoint::Chat);
+        assert_eq!(head.body_len, 2);
+        let bytes = Bytes::from(wire);
+        let req = request(
+            &head,
+            &fields,
+            &bytes.slice(..head.len),
+            bytes.slice(head.len..),
+        )
+        .unwrap();
+        assert_eq!(req.uri().path(), "/v1/chat/completions");
+        assert_eq!(req.uri().query(), Some("v=1"));
+        let all: Vec<_> = req.headers().get_all("x-a").iter().collect();
+        assert_eq!(all, ["1", "2"]);
+        assert_eq!(req.headers()["content-type"], "application/json");
+        assert_eq!(req.headers().len(), 5);
+    }
+
+    #[test]
+    fn content_lengths_and_chunk_sizes() {
+        assert_eq!(parse_decimal(b"0"), Some(0));
+        assert_eq!(parse_decimal(b"123"), Some(123));
+        assert_eq!(parse_decimal(b""), None);
+        assert_eq!(parse_decimal(b"1 2"), None);
+        assert_eq!(parse_decimal(b"-1"), None);
+        assert_eq!(parse_decimal(b"99999999999999999999"), None);
+        assert_eq!(format_chunk_size(0).as_bytes(), b"0\r\n");
+        assert_eq!(format_chunk_size(255).as_bytes(), b"ff\r\n");
+        assert_eq!(
+            format_chunk_size(usize::MAX).as_bytes(),
+            b"ffffffffffffffff\r\n"
+        );
+    }
+
+    #[test]
+    fn answer_heads_carry_only_this_loops_framing() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("999"));
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        let mut out = BytesMut::new();
+        encode_head(&mut out, StatusCode::OK, &h, Framing::Chunked, false);
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(text.contains("content-type: text/event-stream\r\n"));
+        assert!(text.contains("transfer-encoding: chunked\r\n"));
+        assert!(text.contains("\r\ndate: "));
+        assert!(
+            !text.contains("999") && !text.contains("keep-alive"),
+            "{text}"
+        );
+        assert!(text.ends_with("\r\n\r\n"));
+        out.clear();
+        encode_head(&mut out, StatusCode::NO_CONTENT, &h, Framing::None, true);
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(text.starts_with("HTTP/1.1 204 No Content\r\n"), "{text}");
+        assert!(!text.contains("content-length") && !text.contains("transfer-encoding"));
+        assert!(text.contains("connection: close\r\n"));
+    }
+}
