@@ -21,7 +21,7 @@ pub mod wire;
 
 use body::UpstreamBody;
 use bytes::{BufMut, Bytes, BytesMut};
-use http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Limited};
 use pool::{Conn, Home};
 use std::io::IoSlice;
@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use wire::WireError;
+use wire::{Fields, WireError};
 
 use crate::config::UpstreamConfig;
 
@@ -96,6 +96,29 @@ pub struct Outgoing<'a> {
     pub body: &'a Bytes,
 }
 
+/// A response head from an instance, with its body still on the connection.
+pub struct UpstreamResponse {
+    /// Status code.
+    pub status: StatusCode,
+    /// HTTP/1.0 or HTTP/1.1.
+    pub version: Version,
+    /// End-to-end header fields, as received.
+    pub fields: Fields,
+    /// The body, read from the connection as it is polled.
+    pub body: UpstreamBody,
+}
+
+impl UpstreamResponse {
+    /// As an `http` response (the fields copied into a header map).
+    pub fn into_http(self) -> Response<UpstreamBody> {
+        let mut resp = Response::new(self.body);
+        *resp.status_mut() = self.status;
+        *resp.version_mut() = self.version;
+        *resp.headers_mut() = self.fields.to_header_map();
+        resp
+    }
+}
+
 /// Pooled client shared by the proxy and the background checkers. Cheap to clone.
 #[derive(Clone)]
 pub struct HttpClient {
@@ -131,7 +154,7 @@ impl HttpClient {
         &self,
         out: Outgoing<'_>,
         first_byte: Duration,
-    ) -> Result<Response<UpstreamBody>, SendError> {
+    ) -> Result<UpstreamResponse, SendError> {
         let body = out.body;
         let inline = body.len() <= INLINE_BODY_BYTES;
         let mut head = BytesMut::with_capacity(256 + if inline { body.len() } else { 0 });
@@ -228,8 +251,8 @@ impl HttpClient {
         };
         let fut = async {
             let resp = self.send_to(out, timeout).await?;
-            let status = resp.status();
-            let body = Limited::new(resp.into_body(), limit)
+            let status = resp.status;
+            let body = Limited::new(resp.body, limit)
                 .collect()
                 .await
                 .map_err(|e| {
@@ -254,7 +277,7 @@ async fn exchange(
     head: &[u8],
     rest: &[u8],
     method: &Method,
-) -> Result<Response<UpstreamBody>, Failed> {
+) -> Result<UpstreamResponse, Failed> {
     write_all(&mut conn.stream, head, rest)
         .await
         .map_err(|e| match e.kind() {
@@ -268,13 +291,18 @@ async fn exchange(
         match wire::parse_head(&mut conn.buf, method) {
             Ok(Some(h)) => {
                 received = true;
-                let status = h.response.status();
+                let status = h.status;
                 // Interim answers (100 Continue, 103 Early Hints) precede the real one.
                 if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
                     continue;
                 }
                 let body = UpstreamBody::new(conn, h.framing, h.reusable);
-                return Ok(h.response.map(|()| body));
+                return Ok(UpstreamResponse {
+                    status,
+                    version: h.version,
+                    fields: h.fields,
+                    body,
+                });
             }
             Ok(None) => {}
             Err(e @ WireError::TooLarge) | Err(e @ WireError::Invalid(_)) => {
@@ -399,7 +427,9 @@ mod tests {
             headers: &headers,
             body: &body,
         };
-        c.send_to(out, first_byte).await
+        c.send_to(out, first_byte)
+            .await
+            .map(UpstreamResponse::into_http)
     }
 
     async fn post(c: &HttpClient, authority: &str) -> Result<(StatusCode, Bytes), SendError> {

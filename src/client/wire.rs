@@ -9,13 +9,13 @@
 //!   [`MAX_HEADERS`] header fields; anything else is a [`WireError`].
 //! - Connection-level response fields (`Connection`, `Keep-Alive`, `Transfer-Encoding`, `TE`,
 //!   `Trailer`, `Upgrade`, `Proxy-Connection` and whatever `Connection` names) are consumed here
-//!   and never reach the caller's header map.
+//!   and never reach the caller's [`Fields`].
 //! - A response is reusable (its connection may carry the next request) only if it is HTTP/1.1
 //!   without `connection: close` and its body has a known end (length or chunked).
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
+use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 
 /// Largest response head accepted.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -50,12 +50,70 @@ pub enum Framing {
 
 /// A parsed response head.
 pub struct Head {
-    /// Status, version and headers, with an empty body.
-    pub response: Response<()>,
+    /// Status code.
+    pub status: StatusCode,
+    /// HTTP/1.0 or HTTP/1.1.
+    pub version: Version,
+    /// The end-to-end header fields.
+    pub fields: Fields,
     /// How the body is framed.
     pub framing: Framing,
     /// Whether the connection may carry another request after this body.
     pub reusable: bool,
+}
+
+/// The end-to-end header fields of a response head as they arrived (names in their original
+/// case, in order, repeats kept), sharing the head's bytes. Both names and values passed
+/// httparse's checks: names are tokens, values hold no control bytes but tab.
+#[derive(Clone, Debug, Default)]
+pub struct Fields {
+    head: Bytes,
+    /// Offset and length of each field's name and value in `head`.
+    spans: Vec<(u32, u32, u32, u32)>,
+}
+
+impl Fields {
+    /// Each field's name and value.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
+        self.spans.iter().map(|&(n, nl, v, vl)| {
+            (
+                &self.head[n as usize..(n + nl) as usize],
+                &self.head[v as usize..(v + vl) as usize],
+            )
+        })
+    }
+
+    /// How many fields there are.
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// The value of the first field named `name` (ASCII case-insensitive).
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v)
+    }
+
+    /// The fields as a header map; values share the head's bytes.
+    pub fn to_header_map(&self) -> HeaderMap {
+        let mut map = HeaderMap::with_capacity(self.spans.len() + SPARE_HEADERS);
+        for &(n, nl, v, vl) in &self.spans {
+            let name = HeaderName::from_bytes(&self.head[n as usize..(n + nl) as usize]);
+            let value =
+                HeaderValue::from_maybe_shared(self.head.slice(v as usize..(v + vl) as usize));
+            // httparse admits exactly what `http` does, so neither fails.
+            if let (Ok(name), Ok(value)) = (name, value) {
+                map.append(name, value);
+            }
+        }
+        map
+    }
 }
 
 /// Appends `method path HTTP/1.1`, `host`, the end-to-end headers and a `content-length` for
@@ -97,25 +155,35 @@ pub fn encode_head(
     out.put_slice(b"\r\n");
 }
 
-/// Whether `name` only concerns one connection (RFC 9110 §7.6.1), `Connection` and
-/// `Transfer-Encoding` aside.
-fn is_connection_level(name: &HeaderName) -> bool {
-    name == TE
-        || name == UPGRADE
-        || name == TRAILER
-        || name.as_str() == "keep-alive"
-        || name.as_str() == "proxy-connection"
+/// Whether `name` only concerns one connection (RFC 9110 §7.6.1): consumed here, never relayed.
+fn is_connection_level(name: &[u8]) -> bool {
+    const NAMES: [&[u8]; 7] = [
+        b"connection",
+        b"transfer-encoding",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"upgrade",
+    ];
+    NAMES.iter().any(|n| n.eq_ignore_ascii_case(name))
 }
 
 /// Parses a response head at the start of `buf` and, when it is complete, removes it from `buf`
-/// (what follows stays: the start of the body). `Ok(None)`: more bytes are needed. Header values
-/// share the head's bytes rather than copying them. Interim 1xx responses (other than 101) are
+/// (what follows stays: the start of the body). `Ok(None)`: more bytes are needed. Fields share
+/// the head's bytes rather than copying them. Interim 1xx responses (other than 101) are
 /// returned like any other and the caller skips them.
 pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, WireError> {
     // Where each name and value lies in `buf`, so they can be cut from the head once it is
     // split off (the parser's borrow of `buf` ends first).
-    let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
-    let (len, code, minor, count) = {
+    let mut spans: Vec<(u32, u32, u32, u32)>;
+    let mut length: Option<u64> = None;
+    let mut chunked = false;
+    let mut encoded = false;
+    let mut close = false;
+    let mut keep_alive = false;
+    let mut listed = false;
+    let (len, code, minor) = {
         let mut fields = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
         let mut parsed = httparse::Response::new(&mut []);
         let config = httparse::ParserConfig::default();
@@ -135,18 +203,66 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
             return Err(WireError::TooLarge);
         }
         let base = buf.as_ptr() as usize;
-        for (span, h) in spans.iter_mut().zip(parsed.headers.iter()) {
+        spans = Vec::with_capacity(parsed.headers.len());
+        for h in parsed.headers.iter() {
+            let name = h.name.as_bytes();
+            let value = h.value;
+            if name.eq_ignore_ascii_case(b"content-length") {
+                let n = std::str::from_utf8(value)
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .ok_or_else(|| WireError::Invalid("content-length".into()))?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(WireError::Invalid("conflicting content-length".into()));
+                }
+                length = Some(n);
+            } else if is_connection_level(name) {
+                if name.eq_ignore_ascii_case(b"transfer-encoding") {
+                    encoded = true;
+                    // Only the last coding decides whether the body is chunked.
+                    chunked = value
+                        .rsplit(|&b| b == b',')
+                        .next()
+                        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+                } else if name.eq_ignore_ascii_case(b"connection") {
+                    for token in value.split(|&b| b == b',') {
+                        let token = token.trim_ascii();
+                        if token.eq_ignore_ascii_case(b"close") {
+                            close = true;
+                        } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                            keep_alive = true;
+                        } else if !token.is_empty() {
+                            listed = true;
+                        }
+                    }
+                }
+                // Connection-level fields end here: the body is decoded by this client and the
+                // connection is this client's to manage.
+                continue;
+            }
             // Both slices point into `buf` (httparse never copies), within MAX_HEAD_BYTES.
-            let name_at = h.name.as_ptr() as usize - base;
-            let value_at = h.value.as_ptr() as usize - base;
-            *span = (
-                name_at as u32,
-                h.name.len() as u32,
-                value_at as u32,
-                h.value.len() as u32,
-            );
+            spans.push((
+                (name.as_ptr() as usize - base) as u32,
+                name.len() as u32,
+                (value.as_ptr() as usize - base) as u32,
+                value.len() as u32,
+            ));
         }
-        (len, parsed.code, parsed.version, parsed.headers.len())
+        if listed {
+            // Fields the server named in `Connection` are connection-level too (RFC 9110 §7.6.1).
+            let named: Vec<&[u8]> = parsed
+                .headers
+                .iter()
+                .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+                .flat_map(|h| h.value.split(|&b| b == b','))
+                .map(<[u8]>::trim_ascii)
+                .collect();
+            spans.retain(|&(n, nl, _, _)| {
+                let name = &buf[n as usize..(n + nl) as usize];
+                !named.iter().any(|t| t.eq_ignore_ascii_case(name))
+            });
+        }
+        (len, parsed.code, parsed.version)
     };
     let head = buf.split_to(len).freeze();
     let code = code.ok_or_else(|| WireError::Invalid("no status".into()))?;
@@ -157,73 +273,11 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
     } else {
         Version::HTTP_10
     };
-    // Room for the few headers a proxy adds to a relayed answer, so adding them does not regrow
-    // the map.
-    let mut headers = HeaderMap::with_capacity(count + SPARE_HEADERS);
-    let mut length: Option<u64> = None;
-    let mut chunked = false;
-    let mut encoded = false;
-    let mut close = version == Version::HTTP_10;
-    let mut listed: Option<Bytes> = None;
-    for &(name_at, name_len, value_at, value_len) in &spans[..count] {
-        let (name_at, value_at) = (name_at as usize, value_at as usize);
-        let raw_name = &head[name_at..name_at + name_len as usize];
-        let raw_value = head.slice(value_at..value_at + value_len as usize);
-        let name = HeaderName::from_bytes(raw_name).map_err(|_| {
-            WireError::Invalid(format!(
-                "header name {:?}",
-                String::from_utf8_lossy(raw_name)
-            ))
-        })?;
-        if name == CONTENT_LENGTH {
-            let n = std::str::from_utf8(&raw_value)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .ok_or_else(|| WireError::Invalid("content-length".into()))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(WireError::Invalid("conflicting content-length".into()));
-            }
-            length = Some(n);
-        } else if name == TRANSFER_ENCODING {
-            encoded = true;
-            // Only the last coding decides whether the body is chunked.
-            chunked = raw_value
-                .rsplit(|&b| b == b',')
-                .next()
-                .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        } else if name == CONNECTION {
-            for token in raw_value.split(|&b| b == b',') {
-                let token = token.trim_ascii();
-                if token.eq_ignore_ascii_case(b"close") {
-                    close = true;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") && version == Version::HTTP_10 {
-                    close = false;
-                }
-            }
-            listed = Some(raw_value);
-            continue;
-        }
-        // Connection-level fields end here: the body is decoded by this client and the
-        // connection is this client's to manage.
-        if name == TRANSFER_ENCODING || is_connection_level(&name) {
-            continue;
-        }
-        let value = HeaderValue::from_maybe_shared(raw_value)
-            .map_err(|_| WireError::Invalid(format!("value of {name}")))?;
-        headers.append(name, value);
-    }
-    // Fields the server named in `Connection` are connection-level too (RFC 9110 §7.6.1).
-    if let Some(list) = listed {
-        for token in list.split(|&b| b == b',') {
-            let token = token.trim_ascii();
-            if token.eq_ignore_ascii_case(b"close") || token.eq_ignore_ascii_case(b"keep-alive") {
-                continue;
-            }
-            if let Ok(n) = HeaderName::from_bytes(token) {
-                headers.remove(n);
-            }
-        }
-    }
+    let close = if version == Version::HTTP_10 {
+        !keep_alive || close
+    } else {
+        close
+    };
     let framing = if *method == Method::HEAD
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
@@ -245,12 +299,10 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
             None => Framing::UntilClose,
         }
     };
-    let mut response = Response::new(());
-    *response.status_mut() = status;
-    *response.version_mut() = version;
-    *response.headers_mut() = headers;
     Ok(Some(Head {
-        response,
+        status,
+        version,
+        fields: Fields { head, spans },
         framing,
         // After 101 the connection speaks another protocol.
         reusable: !close
@@ -342,9 +394,14 @@ mod tests {
         );
         let h = parse_head(&mut buf, &Method::POST).unwrap().unwrap();
         assert_eq!(&buf[..], b"body");
-        assert_eq!(h.response.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(h.response.headers().get_all("x-a").iter().count(), 2);
-        assert_eq!(h.response.headers()["retry-after"], "2");
+        assert_eq!(h.status, StatusCode::TOO_MANY_REQUESTS);
+        let map = h.fields.to_header_map();
+        assert_eq!(map.get_all("x-a").iter().count(), 2);
+        assert_eq!(map["retry-after"], "2");
+        assert_eq!(h.fields.get("Retry-After"), Some(&b"2"[..]));
+        let raw: Vec<_> = h.fields.iter().collect();
+        assert_eq!(raw[0], (&b"retry-after"[..], &b"2"[..]));
+        assert_eq!(raw.len(), 4);
     }
 
     #[test]
@@ -353,10 +410,15 @@ mod tests {
             "HTTP/1.1 200 OK\r\nconnection: keep-alive, x-hop\r\nkeep-alive: timeout=5\r\n\
              transfer-encoding: chunked\r\nx-hop: 1\r\nx-end: 2\r\ncontent-type: text/event-stream\r\n\r\n",
         );
-        let mut names: Vec<&str> = h.response.headers().keys().map(|k| k.as_str()).collect();
-        names.sort_unstable();
-        assert_eq!(names, ["content-type", "x-end"]);
+        let names: Vec<&[u8]> = h.fields.iter().map(|(n, _)| n).collect();
+        assert_eq!(names, [&b"x-end"[..], b"content-type"]);
         assert_eq!(h.framing, Framing::Chunked);
+        let h = parse(
+            "HTTP/1.1 200 OK\r\nConnection: X-Hop\r\nx-hop: 1\r\nTE: trailers\r\ncontent-length: 0\r\n\r\n",
+        );
+        let names: Vec<&[u8]> = h.fields.iter().map(|(n, _)| n).collect();
+        assert_eq!(names, [&b"content-length"[..]]);
+        assert_eq!(h.framing, Framing::Empty);
     }
 
     #[test]

@@ -23,10 +23,11 @@
 
 use super::body::GatewayBody;
 use super::parse::Endpoint;
+use super::reply::Reply;
 use super::service::GatewayService;
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::FutureExt;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, StatusCode, Uri, Version};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
@@ -141,9 +142,9 @@ pub async fn serve(mut stream: TcpStream, conns: Connections, watcher: Watcher) 
             return hand_off(stream, read.freeze(), conns, watcher).await;
         };
         let state = conns.service.state().clone();
-        let resp = super::handle(state, head.endpoint, req).await;
+        let reply = super::handle(state, head.endpoint, req).await;
         let close = head.close || conns.drain.is_cancelled();
-        if write_answer(&mut stream, &mut buf, resp, close)
+        if write_answer(&mut stream, &mut buf, reply, close)
             .await
             .is_err()
             || close
@@ -251,7 +252,8 @@ fn request(
 ) -> Option<Request<Full<Bytes>>> {
     let cut = |(at, len): Span| bytes.slice(at as usize..(at + len) as usize);
     let uri = Uri::from_maybe_shared(cut(head.target)).ok()?;
-    let mut headers = HeaderMap::with_capacity(fields.len());
+    // Room for the request id the handler may add, so the map does not regrow.
+    let mut headers = HeaderMap::with_capacity(fields.len() + 1);
     for &(name, value) in fields {
         let (at, len) = (name.0 as usize, name.1 as usize);
         let name = HeaderName::from_bytes(&bytes[at..at + len]).ok()?;
@@ -271,23 +273,38 @@ fn request(
 async fn write_answer(
     stream: &mut TcpStream,
     pending: &mut BytesMut,
-    resp: http::Response<GatewayBody>,
+    reply: Reply,
     close: bool,
 ) -> io::Result<()> {
-    let (parts, mut body) = resp.into_parts();
-    let bodiless = parts.status.is_informational()
-        || parts.status == StatusCode::NO_CONTENT
-        || parts.status == StatusCode::NOT_MODIFIED;
-    let framing = if bodiless {
-        Framing::None
-    } else {
-        match body.size_hint().exact() {
-            Some(n) => Framing::Length(n),
-            None => Framing::Chunked,
+    let status = reply.status();
+    let bodiless = status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let mut out = BytesMut::with_capacity(512);
+    let mut body = match reply {
+        Reply::Relayed {
+            fields, own, body, ..
+        } => {
+            let framing = framing(bodiless, &body);
+            let theirs = fields.iter().filter(|(n, _)| !Reply::is_own(&own, n));
+            let ours = own
+                .iter()
+                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
+            encode_head(&mut out, status, theirs.chain(ours), framing, close);
+            body
+        }
+        Reply::Made(resp) => {
+            let (parts, body) = resp.into_parts();
+            let framing = framing(bodiless, &body);
+            let fields = parts
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
+            encode_head(&mut out, status, fields, framing, close);
+            body
         }
     };
-    let mut out = BytesMut::with_capacity(512);
-    encode_head(&mut out, parts.status, &parts.headers, framing, close);
+    let framing = framing(bodiless, &body);
     if bodiless {
         return write_all(stream, &out, &[]).await;
     }
@@ -378,11 +395,23 @@ enum Framing {
     Chunked,
 }
 
-/// Appends the status line, `date`, the handler's end-to-end headers and the framing headers.
-fn encode_head(
+/// How `body` is delimited on the wire.
+fn framing(bodiless: bool, body: &GatewayBody) -> Framing {
+    if bodiless {
+        return Framing::None;
+    }
+    match body.size_hint().exact() {
+        Some(n) => Framing::Length(n),
+        None => Framing::Chunked,
+    }
+}
+
+/// Appends the status line, the answer's end-to-end `fields`, `date` unless among them, and the
+/// framing headers.
+fn encode_head<'a>(
     out: &mut BytesMut,
     status: StatusCode,
-    headers: &HeaderMap,
+    fields: impl Iterator<Item = (&'a [u8], &'a [u8])>,
     framing: Framing,
     close: bool,
 ) {
@@ -392,17 +421,17 @@ fn encode_head(
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
     let mut dated = false;
-    for (name, value) in headers {
-        if name == header::CONTENT_LENGTH
-            || name == header::TRANSFER_ENCODING
-            || name == header::CONNECTION
+    for (name, value) in fields {
+        if name.eq_ignore_ascii_case(b"content-length")
+            || name.eq_ignore_ascii_case(b"transfer-encoding")
+            || name.eq_ignore_ascii_case(b"connection")
         {
             continue;
         }
-        dated |= name == header::DATE;
-        out.extend_from_slice(name.as_str().as_bytes());
+        dated |= name.eq_ignore_ascii_case(b"date");
+        out.extend_from_slice(name);
         out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(value);
         out.extend_from_slice(b"\r\n");
     }
     if !dated {
@@ -544,6 +573,7 @@ impl AsyncWrite for Prefixed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header;
 
     fn classify(wire: &str) -> &'static str {
         let mut fields = Fields::new();
@@ -635,7 +665,18 @@ mod tests {
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("999"));
         h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
         let mut out = BytesMut::new();
-        encode_head(&mut out, StatusCode::OK, &h, Framing::Chunked, false);
+        fn fields(h: &HeaderMap) -> Vec<(&[u8], &[u8])> {
+            h.iter()
+                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+                .collect()
+        }
+        encode_head(
+            &mut out,
+            StatusCode::OK,
+            fields(&h).into_iter(),
+            Framing::Chunked,
+            false,
+        );
         let text = std::str::from_utf8(&out).unwrap();
         assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
         assert!(text.contains("content-type: text/event-stream\r\n"));
@@ -647,7 +688,13 @@ mod tests {
         );
         assert!(text.ends_with("\r\n\r\n"));
         out.clear();
-        encode_head(&mut out, StatusCode::NO_CONTENT, &h, Framing::None, true);
+        encode_head(
+            &mut out,
+            StatusCode::NO_CONTENT,
+            fields(&h).into_iter(),
+            Framing::None,
+            true,
+        );
         let text = std::str::from_utf8(&out).unwrap();
         assert!(text.starts_with("HTTP/1.1 204 No Content\r\n"), "{text}");
         assert!(!text.contains("content-length") && !text.contains("transfer-encoding"));

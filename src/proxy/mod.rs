@@ -15,11 +15,12 @@ pub mod h1;
 pub mod headers;
 pub mod json;
 pub mod parse;
+pub mod reply;
 pub mod server;
 pub mod service;
 
 use crate::app::AppState;
-use crate::client::{Outgoing, SendError};
+use crate::client::{Outgoing, SendError, UpstreamResponse};
 use crate::error::{Fault, GatewayError};
 use crate::fleet::Pool;
 use crate::metrics;
@@ -31,38 +32,47 @@ use http::{header, HeaderValue, Method, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use kvgate_core::InstanceId;
 use parse::Endpoint;
+use reply::Reply;
 use std::time::{Duration, Instant};
 
 /// `POST /v1/chat/completions`
 pub async fn chat(State(s): State<AppState>, req: Request) -> Response {
-    handle(s, Endpoint::Chat, req).await.into_response()
+    handle(s, Endpoint::Chat, req)
+        .await
+        .into_http()
+        .into_response()
 }
 /// `POST /v1/completions`
 pub async fn completions(State(s): State<AppState>, req: Request) -> Response {
-    handle(s, Endpoint::Completions, req).await.into_response()
+    handle(s, Endpoint::Completions, req)
+        .await
+        .into_http()
+        .into_response()
 }
 /// `POST /v1/embeddings`
 pub async fn embeddings(State(s): State<AppState>, req: Request) -> Response {
-    handle(s, Endpoint::Embeddings, req).await.into_response()
+    handle(s, Endpoint::Embeddings, req)
+        .await
+        .into_http()
+        .into_response()
 }
 /// `POST /v1/responses`
 pub async fn responses(State(s): State<AppState>, req: Request) -> Response {
-    handle(s, Endpoint::Responses, req).await.into_response()
+    handle(s, Endpoint::Responses, req)
+        .await
+        .into_http()
+        .into_response()
 }
 
 /// Proxies one request to `endpoint`: the whole request path, errors included.
-pub async fn handle<B>(
-    state: AppState,
-    endpoint: Endpoint,
-    req: http::Request<B>,
-) -> http::Response<GatewayBody>
+pub async fn handle<B>(state: AppState, endpoint: Endpoint, req: http::Request<B>) -> Reply
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
     let started = Instant::now();
     let rid = headers::request_id(req.headers(), &state.request_id_header);
-    let mut resp = match forward(&state, endpoint, req, &rid, started).await {
+    let mut reply = match forward(&state, endpoint, req, &rid, started).await {
         Ok(r) => r,
         Err(e) => {
             let status = e.status();
@@ -77,12 +87,11 @@ where
                 }
                 _ => tracing::warn!(request_id = ?rid, code = e.code(), "failed: {e}"),
             }
-            e.into_response().map(GatewayBody::plain)
+            Reply::Made(e.into_response().map(GatewayBody::plain))
         }
     };
-    resp.headers_mut()
-        .insert(state.request_id_header.clone(), rid);
-    resp
+    reply.set(state.request_id_header.clone(), rid);
+    reply
 }
 
 async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, GatewayError>
@@ -112,7 +121,7 @@ async fn forward<B>(
     req: http::Request<B>,
     rid: &HeaderValue,
     started: Instant,
-) -> Result<http::Response<GatewayBody>, GatewayError>
+) -> Result<Reply, GatewayError>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -181,7 +190,7 @@ where
                 inst.health.record_success();
                 inst.header_latency
                     .observe(sent.elapsed().as_secs_f64() * 1e3);
-                let status = resp.status();
+                let status = resp.status;
                 if status == StatusCode::BAD_GATEWAY || status == StatusCode::SERVICE_UNAVAILABLE {
                     metrics::record_upstream_error(&inst.name, "status_5xx");
                     tried.push(id);
@@ -235,24 +244,12 @@ where
 fn relay(
     state: &AppState,
     endpoint: Endpoint,
-    resp: http::Response<crate::client::body::UpstreamBody>,
+    resp: UpstreamResponse,
     routed: crate::routing::Routed,
     started: Instant,
     stream: bool,
-) -> http::Response<GatewayBody> {
-    let (mut parts, body) = resp.into_parts();
-    headers::strip_hop_by_hop(&mut parts.headers);
+) -> Reply {
     let inst = state.fleet.instance(routed.chosen);
-    parts
-        .headers
-        .insert(headers::X_INSTANCE, inst.name_header.clone());
-    parts.headers.insert(
-        headers::X_MATCHED_BLOCKS,
-        HeaderValue::from(routed.matched_blocks),
-    );
-    if let Some(v) = headers::one_decimal(routed.predicted_cost_ms) {
-        parts.headers.insert(headers::X_PREDICTED_TTFT, v);
-    }
     let tracker = Tracker::new(
         state.clone(),
         routed.chosen,
@@ -265,9 +262,20 @@ fn relay(
             routed.queued_ahead_tokens,
             routed.decoding,
         ),
-        parts.status.as_u16(),
+        resp.status.as_u16(),
     );
     let idle = Duration::from_millis(state.config.upstream.idle_timeout_ms);
-    let body = ProxyBody::new(body, idle, tracker);
-    http::Response::from_parts(parts, GatewayBody::Relay { body })
+    let body = GatewayBody::Relay {
+        body: ProxyBody::new(resp.body, idle, tracker),
+    };
+    let mut reply = Reply::relayed(resp.status, resp.fields, body);
+    reply.set(headers::X_INSTANCE, inst.name_header.clone());
+    reply.set(
+        headers::X_MATCHED_BLOCKS,
+        HeaderValue::from(routed.matched_blocks),
+    );
+    if let Some(v) = headers::one_decimal(routed.predicted_cost_ms) {
+        reply.set(headers::X_PREDICTED_TTFT, v);
+    }
+    reply
 }

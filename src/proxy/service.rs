@@ -48,7 +48,9 @@ impl hyper::service::Service<Request<Incoming>> for GatewayService {
         if req.method() == Method::POST {
             if let Some(endpoint) = Endpoint::for_path(req.uri().path()) {
                 let state = self.state.clone();
-                return Box::pin(async move { Ok(super::handle(state, endpoint, req).await) });
+                return Box::pin(async move {
+                    Ok(super::handle(state, endpoint, req).await.into_http())
+                });
             }
         }
         let router = self.router.clone();
