@@ -303,3 +303,31 @@ async fn errors_are_framed_and_keep_the_connection() {
         .unwrap();
     assert_eq!(read_answer(&mut conn, &mut buf).await.status, 200);
 }
+
+#[tokio::test]
+async fn only_end_to_end_fields_reach_the_instance() {
+    let a = Mock::start("a").await;
+    let gw = Gateway::start(config_for(&[a.url()])).await;
+    let mut conn = TcpStream::connect(gw.addr).await.unwrap();
+    let extra = "Connection: keep-alive, X-Hop\r\nX-Hop: 1\r\nTE: trailers\r\nKeep-Alive: timeout=5\r\n\
+                 Proxy-Authorization: p\r\nX-Keep: k\r\nX-Request-Id: mine\r\nX-Request-Id: second\r\n";
+    conn.write_all(post("/v1/chat/completions?api-version=2", CHAT, extra).as_bytes())
+        .await
+        .unwrap();
+    let ans = read_answer(&mut conn, &mut Vec::new()).await;
+    assert_eq!(ans.status, 200);
+    assert_eq!(ans.header("x-request-id"), Some("mine"));
+    let got = a.received();
+    let h = &got[0].headers;
+    assert_eq!(got[0].path, "/v1/chat/completions?api-version=2");
+    assert_eq!(h["x-keep"], "k");
+    assert_eq!(
+        h.get_all("x-request-id").iter().collect::<Vec<_>>(),
+        ["mine"]
+    );
+    assert_eq!(h["host"], a.addr.to_string().as_str());
+    assert_eq!(h["content-length"], CHAT.len().to_string().as_str());
+    for gone in ["x-hop", "te", "keep-alive", "proxy-authorization"] {
+        assert!(!h.contains_key(gone), "{gone} forwarded");
+    }
+}

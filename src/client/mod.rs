@@ -21,7 +21,7 @@ pub mod wire;
 
 use body::UpstreamBody;
 use bytes::{BufMut, Bytes, BytesMut};
-use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Limited};
 use pool::{Conn, Home};
 use std::io::IoSlice;
@@ -79,6 +79,15 @@ enum Failed {
     Other(SendError),
 }
 
+/// The end-to-end header fields of an outgoing request.
+#[derive(Clone, Copy)]
+pub enum OutHeaders<'a> {
+    /// From a header map.
+    Map(&'a HeaderMap),
+    /// As received from a client (see [`Fields`]), already free of connection-level fields.
+    Fields(&'a Fields),
+}
+
 /// One request to an instance, borrowing everything it sends.
 pub struct Outgoing<'a> {
     /// `host:port` to connect to (also the pool key).
@@ -91,7 +100,9 @@ pub struct Outgoing<'a> {
     pub path_and_query: &'a str,
     /// End-to-end headers; `content-length`, `transfer-encoding`, `connection` and `host` in
     /// them are ignored (this client frames the body and manages the connection).
-    pub headers: &'a HeaderMap,
+    pub headers: OutHeaders<'a>,
+    /// One more field, sent after `headers` (which must not hold a field of that name).
+    pub extra: Option<(&'a HeaderName, &'a HeaderValue)>,
     /// The whole body.
     pub body: &'a Bytes,
 }
@@ -164,6 +175,7 @@ impl HttpClient {
             out.path_and_query,
             out.host,
             out.headers,
+            out.extra,
             body.len(),
         );
         if inline {
@@ -246,7 +258,8 @@ impl HttpClient {
             host,
             method: &Method::GET,
             path_and_query: path,
-            headers: &headers,
+            headers: OutHeaders::Map(&headers),
+            extra: None,
             body: &body,
         };
         let fut = async {
@@ -424,7 +437,8 @@ mod tests {
             host: &host,
             method: &Method::POST,
             path_and_query: "/v1/completions",
-            headers: &headers,
+            headers: OutHeaders::Map(&headers),
+            extra: None,
             body: &body,
         };
         c.send_to(out, first_byte)

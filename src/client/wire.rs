@@ -13,6 +13,7 @@
 //! - A response is reusable (its connection may carry the next request) only if it is HTTP/1.1
 //!   without `connection: close` and its body has a known end (length or chunked).
 
+use super::OutHeaders;
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
@@ -73,6 +74,16 @@ pub struct Fields {
 }
 
 impl Fields {
+    /// Fields at `spans` (offset and length of name, then of value) in `head`. Every span must
+    /// lie within `head` and hold what httparse accepted as a name or a value.
+    pub fn from_spans(head: Bytes, spans: Vec<(u32, u32, u32, u32)>) -> Self {
+        debug_assert!(spans
+            .iter()
+            .all(|&(n, nl, v, vl)| (n + nl) as usize <= head.len()
+                && (v + vl) as usize <= head.len()));
+        Self { head, spans }
+    }
+
     /// Each field's name and value.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
         self.spans.iter().map(|&(n, nl, v, vl)| {
@@ -116,14 +127,15 @@ impl Fields {
     }
 }
 
-/// Appends `method path HTTP/1.1`, `host`, the end-to-end headers and a `content-length` for
-/// `body_len` to `out`.
+/// Appends `method path HTTP/1.1`, `host`, the end-to-end headers, `extra` and a
+/// `content-length` for `body_len` to `out`.
 pub fn encode_head(
     out: &mut BytesMut,
     method: &Method,
     path_and_query: &str,
     host: &HeaderValue,
-    headers: &HeaderMap,
+    headers: OutHeaders<'_>,
+    extra: Option<(&HeaderName, &HeaderValue)>,
     body_len: usize,
 ) {
     out.put_slice(method.as_str().as_bytes());
@@ -136,15 +148,40 @@ pub fn encode_head(
     out.put_slice(b" HTTP/1.1\r\nhost: ");
     out.put_slice(host.as_bytes());
     out.put_slice(b"\r\n");
-    for (name, value) in headers {
-        if name == CONTENT_LENGTH || name == TRANSFER_ENCODING || name == CONNECTION || name == HOST
-        {
-            continue;
-        }
-        out.put_slice(name.as_str().as_bytes());
+    let mut field = |name: &[u8], value: &[u8]| {
+        out.put_slice(name);
         out.put_slice(b": ");
-        out.put_slice(value.as_bytes());
+        out.put_slice(value);
         out.put_slice(b"\r\n");
+    };
+    match headers {
+        OutHeaders::Map(map) => {
+            for (name, value) in map {
+                if name == CONTENT_LENGTH
+                    || name == TRANSFER_ENCODING
+                    || name == CONNECTION
+                    || name == HOST
+                {
+                    continue;
+                }
+                field(name.as_str().as_bytes(), value.as_bytes());
+            }
+        }
+        OutHeaders::Fields(fields) => {
+            for (name, value) in fields.iter() {
+                if name.eq_ignore_ascii_case(b"content-length")
+                    || name.eq_ignore_ascii_case(b"transfer-encoding")
+                    || name.eq_ignore_ascii_case(b"connection")
+                    || name.eq_ignore_ascii_case(b"host")
+                {
+                    continue;
+                }
+                field(name, value);
+            }
+        }
+    }
+    if let Some((name, value)) = extra {
+        field(name.as_str().as_bytes(), value.as_bytes());
     }
     if body_len > 0 || !matches!(*method, Method::GET | Method::HEAD) {
         out.put_slice(b"content-length: ");
@@ -335,11 +372,23 @@ mod tests {
         let host = HeaderValue::from_static("10.0.0.1:8000");
         let mut out = BytesMut::new();
         let path = "/v1/chat/completions?a=1";
-        encode_head(&mut out, &Method::POST, path, &host, &h, 12);
+        encode_head(
+            &mut out,
+            &Method::POST,
+            path,
+            &host,
+            OutHeaders::Map(&h),
+            Some((
+                &HeaderName::from_static("x-request-id"),
+                &HeaderValue::from_static("r1"),
+            )),
+            12,
+        );
         assert_eq!(
             &out[..],
             b"POST /v1/chat/completions?a=1 HTTP/1.1\r\nhost: 10.0.0.1:8000\r\n\
-              content-type: application/json\r\nx-unknown: kept\r\ncontent-length: 12\r\n\r\n"
+              content-type: application/json\r\nx-unknown: kept\r\nx-request-id: r1\r\n\
+              content-length: 12\r\n\r\n"
         );
     }
 
@@ -352,7 +401,8 @@ mod tests {
             &Method::GET,
             "/health",
             &host,
-            &HeaderMap::new(),
+            OutHeaders::Map(&HeaderMap::new()),
+            None,
             0,
         );
         assert_eq!(&out[..], b"GET /health HTTP/1.1\r\nhost: h:1\r\n\r\n");

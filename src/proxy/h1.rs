@@ -25,12 +25,15 @@ use super::body::GatewayBody;
 use super::parse::Endpoint;
 use super::reply::Reply;
 use super::service::GatewayService;
+use super::RawRequest;
+use crate::client::wire::Fields;
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::FutureExt;
-use http::header::{HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, StatusCode, Uri, Version};
+use http::header::HeaderValue;
+use http::uri::PathAndQuery;
+use http::StatusCode;
 use http_body::Body;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::Watcher;
@@ -75,11 +78,29 @@ struct Head {
     body_len: usize,
     /// The client asked to close the connection after this answer.
     close: bool,
-    target: Span,
+    /// The query, without `?`.
+    query: Option<Span>,
+    content_type: Option<Span>,
+    request_id: Option<Span>,
+    /// Name and value of each end-to-end field (see [`RawRequest::fields`]).
+    fields: Vec<(u32, u32, u32, u32)>,
 }
 
-/// Name and value of each header field of the last head parsed, in order.
-type Fields = Vec<(Span, Span)>;
+/// Fields a proxied request never forwards (RFC 9110 §7.6.1, and what the upstream client
+/// writes itself).
+const NOT_FORWARDED: [&[u8]; 11] = [
+    b"connection",
+    b"keep-alive",
+    b"proxy-connection",
+    b"proxy-authenticate",
+    b"proxy-authorization",
+    b"te",
+    b"trailer",
+    b"transfer-encoding",
+    b"upgrade",
+    b"host",
+    b"content-length",
+];
 
 /// What the bytes at the start of the buffer are.
 enum Parsed {
@@ -95,12 +116,13 @@ enum Parsed {
 /// hand-off to hyper. `watcher` is held for the connection's whole life, so that graceful
 /// shutdown waits for it, and watches it once handed off.
 pub async fn serve(mut stream: TcpStream, conns: Connections, watcher: Watcher) {
-    let limit = conns.service.state().config.server.body_limit_bytes;
+    let state = conns.service.state();
+    let limit = state.config.server.body_limit_bytes;
+    let rid_name = state.request_id_header.clone();
     let mut buf = BytesMut::with_capacity(READ_RESERVE);
-    let mut fields = Fields::with_capacity(16);
     loop {
         let head = loop {
-            match parse(&buf, limit, &mut fields) {
+            match parse(&buf, limit, rid_name.as_str().as_bytes()) {
                 Parsed::Serve(h) => break h,
                 Parsed::HandOff => return hand_off(stream, buf.freeze(), conns, watcher).await,
                 Parsed::Partial if buf.len() >= MAX_HEAD_BYTES => {
@@ -135,15 +157,12 @@ pub async fn serve(mut stream: TcpStream, conns: Connections, watcher: Watcher) 
         }
         let head_bytes = buf.split_to(head.len).freeze();
         let body = buf.split_to(head.body_len).freeze();
-        let Some(req) = request(&head, &fields, &head_bytes, body) else {
-            // Only a field httparse accepts and `http` refuses gets here: hyper answers it.
-            let mut read = BytesMut::from(&head_bytes[..]);
-            read.extend_from_slice(&buf);
-            return hand_off(stream, read.freeze(), conns, watcher).await;
-        };
+        let endpoint = head.endpoint;
+        let close = head.close;
+        let req = request(head, head_bytes, body);
         let state = conns.service.state().clone();
-        let reply = super::handle(state, head.endpoint, req).await;
-        let close = head.close || conns.drain.is_cancelled();
+        let reply = super::handle_raw(state, endpoint, req).await;
+        let close = close || conns.drain.is_cancelled();
         if write_answer(&mut stream, &mut buf, reply, close)
             .await
             .is_err()
@@ -155,9 +174,8 @@ pub async fn serve(mut stream: TcpStream, conns: Connections, watcher: Watcher) 
     }
 }
 
-/// Classifies the head at the start of `buf`; for a head served here, `fields` locates its
-/// header fields.
-fn parse(buf: &[u8], limit: usize, fields: &mut Fields) -> Parsed {
+/// Classifies the head at the start of `buf`. `rid_name`: the request id field's name.
+fn parse(buf: &[u8], limit: usize, rid_name: &[u8]) -> Parsed {
     if buf.is_empty() {
         return Parsed::Partial;
     }
@@ -182,24 +200,35 @@ fn parse(buf: &[u8], limit: usize, fields: &mut Fields) -> Parsed {
     let Some(target) = req.path else {
         return Parsed::HandOff;
     };
-    let path = target.split_once('?').map_or(target, |(p, _)| p);
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => {
+            // The query must be one `http` accepts, as hyper would require.
+            if PathAndQuery::try_from(target).is_err() {
+                return Parsed::HandOff;
+            }
+            (p, Some(q))
+        }
+        None => (target, None),
+    };
     let Some(endpoint) = Endpoint::for_path(path) else {
         return Parsed::HandOff;
     };
     let base = buf.as_ptr() as usize;
-    // Both slices point into `buf` (httparse never copies), within MAX_HEAD_BYTES.
+    // Every slice points into `buf` (httparse never copies), within MAX_HEAD_BYTES.
     let span = |s: &[u8]| ((s.as_ptr() as usize - base) as u32, s.len() as u32);
     let mut head = Head {
         endpoint,
         len,
         body_len: 0,
         close: false,
-        target: span(target.as_bytes()),
+        query: query.map(|q| span(q.as_bytes())),
+        content_type: None,
+        request_id: None,
+        fields: Vec::with_capacity(req.headers.len()),
     };
-    fields.clear();
     let mut body_len: Option<usize> = None;
+    let mut listed = false;
     for f in req.headers.iter() {
-        fields.push((span(f.name.as_bytes()), span(f.value)));
         let name = f.name.as_bytes();
         if name.eq_ignore_ascii_case(b"content-length") {
             let n = match parse_decimal(f.value) {
@@ -219,9 +248,36 @@ fn parse(buf: &[u8], limit: usize, fields: &mut Fields) -> Parsed {
                     head.close = true;
                 } else if token.eq_ignore_ascii_case(b"upgrade") {
                     return Parsed::HandOff;
+                } else if !token.is_empty() && !token.eq_ignore_ascii_case(b"keep-alive") {
+                    listed = true;
                 }
             }
+        } else if name.eq_ignore_ascii_case(rid_name) {
+            // The first one counts, as a header map's `get` would have it; none is forwarded.
+            head.request_id.get_or_insert(span(f.value));
+            continue;
+        } else if name.eq_ignore_ascii_case(b"content-type") {
+            head.content_type.get_or_insert(span(f.value));
         }
+        if !NOT_FORWARDED.iter().any(|n| n.eq_ignore_ascii_case(name)) {
+            let (n, nl) = span(name);
+            let (v, vl) = span(f.value);
+            head.fields.push((n, nl, v, vl));
+        }
+    }
+    if listed {
+        // Fields the client named in `Connection` are connection-level too (RFC 9110 §7.6.1).
+        let named: Vec<&[u8]> = req
+            .headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+            .flat_map(|h| h.value.split(|&b| b == b','))
+            .map(<[u8]>::trim_ascii)
+            .collect();
+        head.fields.retain(|&(n, nl, _, _)| {
+            let name = &buf[n as usize..(n + nl) as usize];
+            !named.iter().any(|t| t.eq_ignore_ascii_case(name))
+        });
     }
     match body_len {
         Some(n) => {
@@ -242,30 +298,18 @@ fn parse_decimal(v: &[u8]) -> Option<usize> {
     })
 }
 
-/// The request `head` describes, as the handler takes it: the target and header values share
-/// `bytes` (the head's) rather than copying them. `None` when `http` refuses a name or value.
-fn request(
-    head: &Head,
-    fields: &Fields,
-    bytes: &Bytes,
-    body: Bytes,
-) -> Option<Request<Full<Bytes>>> {
+/// The request `head` describes, its fields sharing `bytes` (the head's).
+fn request(head: Head, bytes: Bytes, body: Bytes) -> RawRequest {
     let cut = |(at, len): Span| bytes.slice(at as usize..(at + len) as usize);
-    let uri = Uri::from_maybe_shared(cut(head.target)).ok()?;
-    // Room for the request id the handler may add, so the map does not regrow.
-    let mut headers = HeaderMap::with_capacity(fields.len() + 1);
-    for &(name, value) in fields {
-        let (at, len) = (name.0 as usize, name.1 as usize);
-        let name = HeaderName::from_bytes(&bytes[at..at + len]).ok()?;
-        let value = HeaderValue::from_maybe_shared(cut(value)).ok()?;
-        headers.append(name, value);
+    // httparse admits exactly the values `http` does, so these never fail.
+    let value = |s: Option<Span>| s.and_then(|s| HeaderValue::from_maybe_shared(cut(s)).ok());
+    RawRequest {
+        query: head.query.map(cut),
+        content_type: value(head.content_type),
+        request_id: value(head.request_id),
+        fields: Fields::from_spans(bytes.clone(), head.fields),
+        body,
     }
-    let mut req = Request::new(Full::new(body));
-    *req.method_mut() = Method::POST;
-    *req.uri_mut() = uri;
-    *req.version_mut() = Version::HTTP_11;
-    *req.headers_mut() = headers;
-    Some(req)
 }
 
 /// Writes `resp` to `stream`, relaying its body frame by frame. `Err`: the client is gone or the
@@ -573,11 +617,10 @@ impl AsyncWrite for Prefixed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::header;
+    use http::header::{self, HeaderMap};
 
     fn classify(wire: &str) -> &'static str {
-        let mut fields = Fields::new();
-        match parse(wire.as_bytes(), 1000, &mut fields) {
+        match parse(wire.as_bytes(), 1000, b"x-request-id") {
             Parsed::Serve(h) if h.close => "serve+close",
             Parsed::Serve(_) => "serve",
             Parsed::Partial => "partial",
@@ -615,28 +658,40 @@ mod tests {
     }
 
     #[test]
-    fn served_heads_become_the_same_request_hyper_would_build() {
-        let wire = "POST /v1/chat/completions?v=1 HTTP/1.1\r\nHost: x\r\nX-A: 1\r\nx-a: 2\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
-        let mut fields = Fields::new();
-        let Parsed::Serve(head) = parse(wire.as_bytes(), 100, &mut fields) else {
+    fn served_heads_keep_only_end_to_end_fields() {
+        let wire = "POST /v1/chat/completions?v=1 HTTP/1.1\r\nHost: x\r\nX-A: 1\r\nx-a: 2\r\n\
+            Content-Type: application/json\r\nConnection: keep-alive, X-Hop\r\nX-Hop: h\r\n\
+            TE: trailers\r\nProxy-Authorization: p\r\nX-Request-Id: r1\r\nx-request-id: r2\r\n\
+            Content-Length: 2\r\n\r\n{}";
+        let Parsed::Serve(head) = parse(wire.as_bytes(), 100, b"x-request-id") else {
             panic!("not served");
         };
         assert_eq!(head.endpoint, Endpoint::Chat);
         assert_eq!(head.body_len, 2);
         let bytes = Bytes::from(wire);
-        let req = request(
-            &head,
-            &fields,
-            &bytes.slice(..head.len),
-            bytes.slice(head.len..),
-        )
-        .unwrap();
-        assert_eq!(req.uri().path(), "/v1/chat/completions");
-        assert_eq!(req.uri().query(), Some("v=1"));
-        let all: Vec<_> = req.headers().get_all("x-a").iter().collect();
-        assert_eq!(all, ["1", "2"]);
-        assert_eq!(req.headers()["content-type"], "application/json");
-        assert_eq!(req.headers().len(), 5);
+        let len = head.len;
+        let req = request(head, bytes.slice(..len), bytes.slice(len..));
+        assert_eq!(req.query.as_deref(), Some(&b"v=1"[..]));
+        assert_eq!(req.content_type.unwrap(), "application/json");
+        assert_eq!(req.request_id.unwrap(), "r1");
+        assert_eq!(&req.body[..], b"{}");
+        let kept: Vec<_> = req.fields.iter().collect();
+        assert_eq!(
+            kept,
+            [
+                (&b"X-A"[..], &b"1"[..]),
+                (b"x-a", b"2"),
+                (b"Content-Type", b"application/json")
+            ]
+        );
+    }
+
+    #[test]
+    fn queries_http_refuses_are_handed_off() {
+        let ok = "POST /v1/completions?a=1&b=%20 HTTP/1.1\r\nContent-Length: 0\r\n\r\n";
+        assert_eq!(classify(ok), "serve");
+        let bad = "POST /v1/completions?a=\x7f HTTP/1.1\r\nContent-Length: 0\r\n\r\n";
+        assert_eq!(classify(bad), "hand-off");
     }
 
     #[test]

@@ -20,7 +20,8 @@ pub mod server;
 pub mod service;
 
 use crate::app::AppState;
-use crate::client::{Outgoing, SendError, UpstreamResponse};
+use crate::client::wire::Fields;
+use crate::client::{OutHeaders, Outgoing, SendError, UpstreamResponse};
 use crate::error::{Fault, GatewayError};
 use crate::fleet::Pool;
 use crate::metrics;
@@ -71,8 +72,84 @@ where
     B::Error: Into<BoxError>,
 {
     let started = Instant::now();
-    let rid = headers::request_id(req.headers(), &state.request_id_header);
-    let mut reply = match forward(&state, endpoint, req, &rid, started).await {
+    let rid = headers::request_id(req.headers().get(&state.request_id_header));
+    let result = async {
+        let (parts, body) = req.into_parts();
+        headers::is_json(parts.headers.get(header::CONTENT_TYPE))
+            .map_err(GatewayError::UnsupportedMediaType)?;
+        let limit = state.config.server.body_limit_bytes;
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(GatewayError::PayloadTooLarge { limit });
+        }
+        let bytes = read_body(body, limit).await?;
+        let mut up = parts.headers;
+        headers::strip_hop_by_hop(&mut up);
+        up.remove(&state.request_id_header);
+        let out = Upstream {
+            headers: OutHeaders::Map(&up),
+            query: parts.uri.query(),
+            body: bytes,
+        };
+        forward(&state, endpoint, out, &rid, started).await
+    }
+    .await;
+    answer(&state, endpoint, result, rid)
+}
+
+/// A request as [`h1`] read it, its body complete.
+pub struct RawRequest {
+    /// End-to-end fields, free of connection-level ones, `host`, `content-length` and the
+    /// request id field.
+    pub fields: Fields,
+    /// The query, without `?`.
+    pub query: Option<Bytes>,
+    /// The `content-type` value.
+    pub content_type: Option<HeaderValue>,
+    /// The request id field's value.
+    pub request_id: Option<HeaderValue>,
+    /// The body, within the limit.
+    pub body: Bytes,
+}
+
+/// [`handle`] for a request [`h1`] read: the same checks, errors and forwarding, without a
+/// header map.
+pub async fn handle_raw(state: AppState, endpoint: Endpoint, req: RawRequest) -> Reply {
+    let started = Instant::now();
+    let rid = headers::request_id(req.request_id.as_ref());
+    let result = async {
+        headers::is_json(req.content_type.as_ref()).map_err(GatewayError::UnsupportedMediaType)?;
+        let query = match &req.query {
+            Some(q) => Some(
+                std::str::from_utf8(q)
+                    .map_err(|_| GatewayError::BodyRead("query is not UTF-8".into()))?,
+            ),
+            None => None,
+        };
+        let out = Upstream {
+            headers: OutHeaders::Fields(&req.fields),
+            query,
+            body: req.body,
+        };
+        forward(&state, endpoint, out, &rid, started).await
+    }
+    .await;
+    answer(&state, endpoint, result, rid)
+}
+
+/// The reply to a request with id `rid`: the forwarded answer, or the error's, counted and
+/// logged.
+fn answer(
+    state: &AppState,
+    endpoint: Endpoint,
+    result: Result<Reply, GatewayError>,
+    rid: HeaderValue,
+) -> Reply {
+    let mut reply = match result {
         Ok(r) => r,
         Err(e) => {
             let status = e.status();
@@ -92,6 +169,14 @@ where
     };
     reply.set(state.request_id_header.clone(), rid);
     reply
+}
+
+/// What [`forward`] sends upstream besides the routing.
+struct Upstream<'a> {
+    /// End-to-end fields, without the request id field.
+    headers: OutHeaders<'a>,
+    query: Option<&'a str>,
+    body: Bytes,
 }
 
 async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, GatewayError>
@@ -115,40 +200,22 @@ fn has_candidate(state: &AppState, pool: &Pool, tried: &[InstanceId]) -> bool {
         .any(|id| !tried.contains(id) && state.fleet.instance(*id).health.usable(now))
 }
 
-async fn forward<B>(
+async fn forward(
     state: &AppState,
     endpoint: Endpoint,
-    req: http::Request<B>,
+    req: Upstream<'_>,
     rid: &HeaderValue,
     started: Instant,
-) -> Result<Reply, GatewayError>
-where
-    B: http_body::Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let (parts, body) = req.into_parts();
-    headers::is_json(&parts.headers).map_err(GatewayError::UnsupportedMediaType)?;
-    let limit = state.config.server.body_limit_bytes;
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(GatewayError::PayloadTooLarge { limit });
-    }
-    let bytes = read_body(body, limit).await?;
+) -> Result<Reply, GatewayError> {
+    let bytes = req.body;
     let input = parse::parse(endpoint, &bytes)?;
     let pool = state.fleet.pool_for(input.model.as_deref())?;
     let prep = state.routing.prepare(pool, &input)?;
     let stream = input.stream;
     drop(input);
 
-    let mut up_headers = parts.headers;
-    headers::strip_hop_by_hop(&mut up_headers);
-    up_headers.insert(state.request_id_header.clone(), rid.clone());
     let query_path;
-    let path_and_query = match parts.uri.query() {
+    let path_and_query = match req.query {
         Some(q) => {
             query_path = format!("{}?{}", endpoint.path(), q);
             query_path.as_str()
@@ -181,7 +248,8 @@ where
             host: &inst.host_header,
             method: &Method::POST,
             path_and_query,
-            headers: &up_headers,
+            headers: req.headers,
+            extra: Some((&state.request_id_header, rid)),
             body: &bytes,
         };
         let sent = Instant::now();
