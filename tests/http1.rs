@@ -331,3 +331,63 @@ async fn only_end_to_end_fields_reach_the_instance() {
         assert!(!h.contains_key(gone), "{gone} forwarded");
     }
 }
+
+#[tokio::test]
+async fn a_large_body_arriving_in_pieces_is_forwarded_whole() {
+    let a = Mock::start("a").await;
+    let gw = Gateway::start(config_for(&[a.url()])).await;
+    let prompt = "lorem ipsum ".repeat(25_000);
+    let body = format!(r#"{{"model":"m","prompt":"{prompt}"}}"#);
+    let wire = post("/v1/completions", &body, "");
+    let mut conn = TcpStream::connect(gw.addr).await.unwrap();
+    for piece in wire.as_bytes().chunks(4096) {
+        conn.write_all(piece).await.unwrap();
+        tokio::task::yield_now().await;
+    }
+    let ans = read_answer(&mut conn, &mut Vec::new()).await;
+    assert_eq!(ans.status, 200);
+    assert_eq!(a.received()[0].body.as_ref(), body.as_bytes());
+}
+
+#[tokio::test]
+async fn shutdown_closes_idle_connections_at_once_and_finishes_answers_under_way() {
+    let a = Mock::start("a").await;
+    a.set_mode(Mode::Slow(Duration::from_millis(300)));
+    let mut cfg = config_for(&[a.url()]);
+    cfg.server.shutdown_grace_ms = 30_000;
+    let mut gw = Gateway::start(cfg).await;
+    // One connection idle after an answer, one handed off to hyper and idle, one mid-request.
+    let mut idle = TcpStream::connect(gw.addr).await.unwrap();
+    idle.write_all(post("/v1/chat/completions", CHAT, "").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut idle, &mut Vec::new()).await.status, 200);
+    let mut handed = TcpStream::connect(gw.addr).await.unwrap();
+    handed
+        .write_all(b"GET /health HTTP/1.1\r\nhost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut handed, &mut Vec::new()).await.status, 200);
+    let mut busy = TcpStream::connect(gw.addr).await.unwrap();
+    busy.write_all(post("/v1/chat/completions", CHAT, "").as_bytes())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    gw.shutdown();
+    let ans = read_answer(&mut busy, &mut Vec::new()).await;
+    assert_eq!(ans.status, 200);
+    assert_eq!(ans.header("connection"), Some("close"));
+    for conn in [&mut idle, &mut handed, &mut busy] {
+        let mut rest = Vec::new();
+        let n = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut rest))
+            .await
+            .expect("closed by the drain")
+            .unwrap();
+        assert_eq!(n, 0);
+    }
+    tokio::time::timeout(Duration::from_secs(5), gw.join.take().unwrap())
+        .await
+        .expect("server stops well within the grace period")
+        .unwrap()
+        .unwrap();
+}

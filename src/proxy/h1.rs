@@ -55,6 +55,8 @@ pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 const COPY_BYTES: usize = 16 * 1024;
 /// Buffer space ensured before each read of a request head.
 const READ_RESERVE: usize = 4 * 1024;
+/// Most buffer space added before each read of a request body.
+const BODY_READ_BYTES: usize = 64 * 1024;
 
 /// What serving a connection needs; cloned once per connection.
 #[derive(Clone)]
@@ -146,13 +148,12 @@ pub async fn serve(mut stream: TcpStream, conns: Connections, watcher: Watcher) 
             }
         };
         let total = head.len + head.body_len;
-        if buf.len() < total {
-            buf.reserve(total - buf.len());
-            while buf.len() < total {
-                match stream.read_buf(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(_) => {}
-                }
+        while buf.len() < total {
+            // Memory follows the bytes that arrive, not the length a client declares.
+            buf.reserve((total - buf.len()).min(BODY_READ_BYTES));
+            match stream.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
             }
         }
         let head_bytes = buf.split_to(head.len).freeze();
