@@ -1,0 +1,327 @@
+//! Writing an answer: head, framing and body, relayed frame by frame.
+//!
+//! Invariants:
+//! - Answers are framed here: `Content-Length` when the body's size is known, chunked otherwise
+//!   (none for 1xx/204/304); framing and connection fields from the reply never pass through.
+//! - What is ready is written together; nothing ready is waited for while something is pending,
+//!   so a streaming client gets the head, then each event, as soon as they exist.
+//! - While the body is awaited the client socket is watched: end of file or an error drops the
+//!   answer (and with it the upstream request); bytes that arrive are kept, up to
+//!   [`MAX_HEAD_BYTES`], beyond which the socket is not read until the answer ends.
+
+use super::{MAX_HEAD_BYTES, READ_RESERVE};
+use crate::proxy::body::GatewayBody;
+use crate::proxy::reply::Reply;
+use bytes::BytesMut;
+use futures_util::FutureExt;
+use http::StatusCode;
+use http_body::Body;
+use http_body_util::BodyExt;
+use std::io::{self, IoSlice};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// Data frames up to this size are copied behind the pending head or chunk prefix and sent with
+/// one write; larger ones are written from their own buffer.
+const COPY_BYTES: usize = 16 * 1024;
+
+/// Writes `reply` to `stream`, relaying its body frame by frame. `Err`: the client is gone or the
+/// body failed; the connection must close.
+pub async fn write(
+    stream: &mut TcpStream,
+    pending: &mut BytesMut,
+    reply: Reply,
+    close: bool,
+) -> io::Result<()> {
+    let status = reply.status();
+    let bodiless = status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let mut out = BytesMut::with_capacity(512);
+    let mut body = match reply {
+        Reply::Relayed {
+            fields, own, body, ..
+        } => {
+            let framing = framing(bodiless, &body);
+            let theirs = fields.iter().filter(|(n, _)| !Reply::is_own(&own, n));
+            let ours = own
+                .iter()
+                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
+            encode_head(&mut out, status, theirs.chain(ours), framing, close);
+            body
+        }
+        Reply::Made(resp) => {
+            let (parts, body) = resp.into_parts();
+            let framing = framing(bodiless, &body);
+            let fields = parts
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
+            encode_head(&mut out, status, fields, framing, close);
+            body
+        }
+    };
+    let framing = framing(bodiless, &body);
+    if bodiless {
+        return write_all(stream, &out, &[]).await;
+    }
+    let mut watching = true;
+    loop {
+        // A frame that is ready now goes out with what is pending; otherwise what is pending (the
+        // head, first of all) is sent before waiting, as a streaming client expects.
+        let frame = match body.frame().now_or_never() {
+            Some(f) => f,
+            None => {
+                if !out.is_empty() {
+                    write_all(stream, &out, &[]).await?;
+                    out.clear();
+                }
+                tokio::select! {
+                    biased;
+                    f = body.frame() => f,
+                    gone = client_gone(stream, pending), if watching => {
+                        if gone {
+                            return Err(io::ErrorKind::ConnectionAborted.into());
+                        }
+                        watching = pending.len() < MAX_HEAD_BYTES;
+                        continue;
+                    }
+                }
+            }
+        };
+        let data = match frame {
+            None => break,
+            Some(Err(e)) => return Err(io::Error::other(e)),
+            Some(Ok(f)) => match f.into_data() {
+                Ok(d) => d,
+                // Trailers are not relayed.
+                Err(_) => continue,
+            },
+        };
+        if data.is_empty() {
+            continue;
+        }
+        if framing == Framing::Chunked {
+            out.extend_from_slice(format_chunk_size(data.len()).as_bytes());
+        }
+        if data.len() <= COPY_BYTES {
+            out.extend_from_slice(&data);
+            if framing == Framing::Chunked {
+                out.extend_from_slice(b"\r\n");
+            }
+        } else {
+            write_all(stream, &out, &data).await?;
+            out.clear();
+            if framing == Framing::Chunked {
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+        if body.is_end_stream() {
+            break;
+        }
+    }
+    if framing == Framing::Chunked {
+        out.extend_from_slice(b"0\r\n\r\n");
+    }
+    if !out.is_empty() {
+        write_all(stream, &out, &[]).await?;
+    }
+    Ok(())
+}
+
+/// Waits until the client socket is readable; `true` when the client closed it or it failed,
+/// `false` after keeping what arrived in `pending`.
+async fn client_gone(stream: &TcpStream, pending: &mut BytesMut) -> bool {
+    if stream.readable().await.is_err() {
+        return true;
+    }
+    pending.reserve(READ_RESERVE);
+    match stream.try_read_buf(pending) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
+        Err(_) => true,
+    }
+}
+
+/// How an answer's body is delimited.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Framing {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+/// How `body` is delimited on the wire.
+fn framing(bodiless: bool, body: &GatewayBody) -> Framing {
+    if bodiless {
+        return Framing::None;
+    }
+    match body.size_hint().exact() {
+        Some(n) => Framing::Length(n),
+        None => Framing::Chunked,
+    }
+}
+
+/// Appends the status line, the answer's end-to-end `fields`, `date` unless among them, and the
+/// framing headers.
+fn encode_head<'a>(
+    out: &mut BytesMut,
+    status: StatusCode,
+    fields: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+    framing: Framing,
+    close: bool,
+) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.extend_from_slice(b" ");
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let mut dated = false;
+    for (name, value) in fields {
+        if name.eq_ignore_ascii_case(b"content-length")
+            || name.eq_ignore_ascii_case(b"transfer-encoding")
+            || name.eq_ignore_ascii_case(b"connection")
+        {
+            continue;
+        }
+        dated |= name.eq_ignore_ascii_case(b"date");
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    if !dated {
+        out.extend_from_slice(b"date: ");
+        crate::proxy::date::with_now(|d| out.extend_from_slice(d));
+        out.extend_from_slice(b"\r\n");
+    }
+    match framing {
+        Framing::None => {}
+        Framing::Length(n) => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `{len:x}\r\n`, without allocating.
+fn format_chunk_size(len: usize) -> ChunkSize {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = [0u8; 18];
+    let mut i = 16;
+    let mut v = len;
+    loop {
+        i -= 1;
+        buf[i] = HEX[v & 0xf];
+        v >>= 4;
+        if v == 0 {
+            break;
+        }
+    }
+    buf[16] = b'\r';
+    buf[17] = b'\n';
+    ChunkSize { buf, start: i }
+}
+
+struct ChunkSize {
+    buf: [u8; 18],
+    start: usize,
+}
+
+impl ChunkSize {
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+/// Writes `a` then `b` in full, with vectored writes.
+async fn write_all(stream: &mut TcpStream, a: &[u8], b: &[u8]) -> io::Result<()> {
+    let (mut a, mut b) = (a, b);
+    while !a.is_empty() || !b.is_empty() {
+        let n = if a.is_empty() {
+            stream.write(b).await?
+        } else if b.is_empty() {
+            stream.write(a).await?
+        } else {
+            stream
+                .write_vectored(&[IoSlice::new(a), IoSlice::new(b)])
+                .await?
+        };
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let from_a = n.min(a.len());
+        a = &a[from_a..];
+        b = &b[n - from_a..];
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::header::{self, HeaderMap, HeaderValue};
+
+    #[test]
+    fn chunk_sizes_are_lowercase_hex() {
+        assert_eq!(format_chunk_size(0).as_bytes(), b"0\r\n");
+        assert_eq!(format_chunk_size(255).as_bytes(), b"ff\r\n");
+        assert_eq!(
+            format_chunk_size(usize::MAX).as_bytes(),
+            b"ffffffffffffffff\r\n"
+        );
+    }
+
+    #[test]
+    fn answer_heads_carry_only_this_loops_framing() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("999"));
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        let mut out = BytesMut::new();
+        fn fields(h: &HeaderMap) -> Vec<(&[u8], &[u8])> {
+            h.iter()
+                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+                .collect()
+        }
+        encode_head(
+            &mut out,
+            StatusCode::OK,
+            fields(&h).into_iter(),
+            Framing::Chunked,
+            false,
+        );
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(text.contains("content-type: text/event-stream\r\n"));
+        assert!(text.contains("transfer-encoding: chunked\r\n"));
+        assert!(text.contains("\r\ndate: "));
+        assert!(
+            !text.contains("999") && !text.contains("keep-alive"),
+            "{text}"
+        );
+        assert!(text.ends_with("\r\n\r\n"));
+        out.clear();
+        encode_head(
+            &mut out,
+            StatusCode::NO_CONTENT,
+            fields(&h).into_iter(),
+            Framing::None,
+            true,
+        );
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(text.starts_with("HTTP/1.1 204 No Content\r\n"), "{text}");
+        assert!(!text.contains("content-length") && !text.contains("transfer-encoding"));
+        assert!(text.contains("connection: close\r\n"));
+    }
+}
