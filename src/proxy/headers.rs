@@ -60,21 +60,23 @@ pub fn request_id(sent: Option<&HeaderValue>) -> HeaderValue {
 /// A process-unique id: a random per-process prefix and a counter, as
 /// `{prefix:016x}-{counter:08x}` (no syscall and no formatting machinery per request).
 fn generate_id() -> HeaderValue {
-    static PREFIX: OnceLock<u64> = OnceLock::new();
+    static PREFIX: OnceLock<[u8; 16]> = OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let prefix = *PREFIX.get_or_init(rand::random::<u64>);
+    let prefix = PREFIX.get_or_init(|| {
+        let mut hex = [0u8; 16];
+        hex_into(&mut hex, rand::random::<u64>());
+        hex
+    });
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let digits = if n >> 32 == 0 { 8 } else { 16 };
     let mut buf = [0u8; 33];
-    hex_into(&mut buf[..16], prefix);
+    buf[..16].copy_from_slice(prefix);
     buf[16] = b'-';
     hex_into(&mut buf[17..17 + digits], n);
-    // Hex digits and '-' are always a valid header value.
     HeaderValue::from_bytes(&buf[..17 + digits])
         .unwrap_or_else(|_| HeaderValue::from_static("kvgate"))
 }
 
-/// Writes the low `out.len()` hex digits of `v`, most significant first.
 fn hex_into(out: &mut [u8], mut v: u64) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     for b in out.iter_mut().rev() {

@@ -121,23 +121,27 @@ pub struct RawRequest {
 pub async fn handle_raw(state: AppState, endpoint: Endpoint, req: RawRequest) -> Reply {
     let started = Instant::now();
     let rid = headers::request_id(req.request_id.as_ref());
-    let result = async {
-        headers::is_json(req.content_type.as_ref()).map_err(GatewayError::UnsupportedMediaType)?;
-        let query = match &req.query {
-            Some(q) => Some(
-                std::str::from_utf8(q)
-                    .map_err(|_| GatewayError::BodyRead("query is not UTF-8".into()))?,
-            ),
-            None => None,
-        };
-        let out = Upstream {
-            headers: OutHeaders::Fields(&req.fields),
-            query,
-            body: req.body,
-        };
-        forward(&state, endpoint, out, &rid, started).await
-    }
-    .await;
+    // Checked without an async block around `forward`: its future is large, and each enclosing
+    // future copies it once more.
+    let checked = headers::is_json(req.content_type.as_ref())
+        .map_err(GatewayError::UnsupportedMediaType)
+        .and_then(|()| match &req.query {
+            Some(q) => std::str::from_utf8(q)
+                .map(Some)
+                .map_err(|_| GatewayError::BodyRead("query is not UTF-8".into())),
+            None => Ok(None),
+        });
+    let result = match checked {
+        Ok(query) => {
+            let out = Upstream {
+                headers: OutHeaders::Fields(&req.fields),
+                query,
+                body: req.body.clone(),
+            };
+            forward(&state, endpoint, out, &rid, started).await
+        }
+        Err(e) => Err(e),
+    };
     answer(&state, endpoint, result, rid)
 }
 
