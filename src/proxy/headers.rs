@@ -116,6 +116,8 @@ pub fn one_decimal(v: f64) -> Option<HeaderValue> {
 pub fn is_json(content_type: Option<&HeaderValue>) -> Result<(), String> {
     match content_type {
         None => Err("(none)".to_string()),
+        // What nearly every client sends.
+        Some(v) if v.as_bytes() == b"application/json" => Ok(()),
         Some(v) => {
             let s = v.to_str().map_err(|_| "(unprintable)".to_string())?;
             let mime = s.split(';').next().unwrap_or("").trim();
