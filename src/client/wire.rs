@@ -206,6 +206,25 @@ fn is_connection_level(name: &[u8]) -> bool {
     NAMES.iter().any(|n| n.eq_ignore_ascii_case(name))
 }
 
+/// Removes from `spans` (name and value spans over `buf`) every field that a `Connection` field
+/// among `fields` names: those are connection-level too (RFC 9110 §7.6.1).
+pub fn drop_named_in_connection(
+    fields: &[httparse::Header<'_>],
+    buf: &[u8],
+    spans: &mut Vec<(u32, u32, u32, u32)>,
+) {
+    let named: Vec<&[u8]> = fields
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+        .flat_map(|h| h.value.split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .collect();
+    spans.retain(|&(n, nl, _, _)| {
+        let name = &buf[n as usize..(n + nl) as usize];
+        !named.iter().any(|t| t.eq_ignore_ascii_case(name))
+    });
+}
+
 /// Parses a response head at the start of `buf` and, when it is complete, removes it from `buf`
 /// (what follows stays: the start of the body). `Ok(None)`: more bytes are needed. Fields share
 /// the head's bytes rather than copying them. Interim 1xx responses (other than 101) are
@@ -286,18 +305,7 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
             ));
         }
         if listed {
-            // Fields the server named in `Connection` are connection-level too (RFC 9110 §7.6.1).
-            let named: Vec<&[u8]> = parsed
-                .headers
-                .iter()
-                .filter(|h| h.name.eq_ignore_ascii_case("connection"))
-                .flat_map(|h| h.value.split(|&b| b == b','))
-                .map(<[u8]>::trim_ascii)
-                .collect();
-            spans.retain(|&(n, nl, _, _)| {
-                let name = &buf[n as usize..(n + nl) as usize];
-                !named.iter().any(|t| t.eq_ignore_ascii_case(name))
-            });
+            drop_named_in_connection(parsed.headers, buf, &mut spans);
         }
         (len, parsed.code, parsed.version)
     };

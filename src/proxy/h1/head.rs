@@ -9,7 +9,7 @@
 //! - Spans are offsets into the buffer parsed, which the head is later cut from unchanged.
 
 use super::MAX_HEADERS;
-use crate::client::wire::Fields;
+use crate::client::wire::{drop_named_in_connection, Fields};
 use crate::proxy::parse::Endpoint;
 use crate::proxy::RawRequest;
 use bytes::Bytes;
@@ -155,18 +155,7 @@ pub fn parse(buf: &[u8], limit: usize, rid_name: &[u8]) -> Parsed {
         }
     }
     if listed {
-        // Fields the client named in `Connection` are connection-level too (RFC 9110 §7.6.1).
-        let named: Vec<&[u8]> = req
-            .headers
-            .iter()
-            .filter(|h| h.name.eq_ignore_ascii_case("connection"))
-            .flat_map(|h| h.value.split(|&b| b == b','))
-            .map(<[u8]>::trim_ascii)
-            .collect();
-        head.fields.retain(|&(n, nl, _, _)| {
-            let name = &buf[n as usize..(n + nl) as usize];
-            !named.iter().any(|t| t.eq_ignore_ascii_case(name))
-        });
+        drop_named_in_connection(req.headers, buf, &mut head.fields);
     }
     match body_len {
         Some(n) => {
