@@ -9,7 +9,8 @@
 # its backends would hand many requests to itself without a context switch).
 # Each target is measured with 1 and 32 connections, with a small and a ~32 KiB POST body, for
 # $DURATION each. Prints a Markdown table with kvgate/nginx throughput ratios and the p50 latency
-# each proxy adds over the direct path.
+# each proxy adds over the direct path, then the kvgate/nginx ratio of every round and its median
+# (on a shared machine the steadier figure: each pair ran back to back).
 #
 # Usage: loadtest/overhead.sh [--duration 10s] [--rounds 1] [--policy round_robin|kvgate|...]
 #                              [--bin PATH]
@@ -176,7 +177,7 @@ cpu_ticks() {
 }
 TICKS=$(getconf CLK_TCK)
 
-declare -A RPS P50 P99 ERR CPU
+declare -A RPS P50 P99 ERR CPU ROUND_RATIOS
 run_cell() { # target url conns body [pid]: appends this round's figures to the cell's lists
     local target=$1 url=$2 conns=$3 body=$4 pid=${5:-} threads=1
     [ "$conns" -gt 1 ] && threads=2
@@ -210,6 +211,11 @@ for body in small large; do
             run_cell nginx "http://127.0.0.1:$NGINX_PORT/v1/chat/completions" "$conns" "$body" "$NGINX_PROXY_PID"
             run_cell kvgate "http://127.0.0.1:$KVGATE_PORT/v1/chat/completions" "$conns" "$body" "$KVGATE_PID"
         done
+        # Each round's kvgate/nginx pair ran back to back under the same outside load.
+        ROUND_RATIOS[$conns,$body]=$(paste -d' ' \
+            <(tr ' ' '\n' <<<"${RPS[kvgate,$conns,$body]}" | grep .) \
+            <(tr ' ' '\n' <<<"${RPS[nginx,$conns,$body]}" | grep .) |
+            awk '$2 > 0 { printf "%.2f ", $1 / $2 }')
         for target in direct nginx kvgate; do
             k="$target,$conns,$body"
             RPS[$k]=$(median "${RPS[$k]}")
@@ -240,5 +246,15 @@ for body in small large; do
             fi
             echo "| $body | $conns | $target | ${RPS[$k]} | $(ms "${P50[$k]}") | $(ms "${P99[$k]}") | ${ERR[$k]} | ${CPU[$k]:-} | $ratio | $added |"
         done
+    done
+done
+echo
+echo "kvgate/nginx req/s round by round (each pair measured back to back):"
+for body in small large; do
+    for conns in 1 32; do
+        r=${ROUND_RATIOS[$conns,$body]}
+        m=$(tr ' ' '\n' <<<"$r" | grep . | sort -g |
+            awk '{ v[NR] = $1 } END { if (NR % 2) printf "%.2f", v[(NR + 1) / 2]; else if (NR) printf "%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+        echo "- $body body, $conns connection(s): ${r}(median ${m})"
     done
 done
