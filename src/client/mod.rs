@@ -16,6 +16,7 @@
 //! - Each thread has its own pool of idle connections per client (see [`pool`]).
 
 pub mod body;
+pub mod deadline;
 pub mod pool;
 pub mod wire;
 
@@ -207,8 +208,8 @@ impl HttpClient {
                 }
             }
         };
-        match tokio::time::timeout(first_byte, exchange).await {
-            Err(_) => Err(SendError::Timeout),
+        match deadline::within(first_byte, exchange).await {
+            Err(deadline::Elapsed) => Err(SendError::Timeout),
             Ok(r) => r,
         }
     }

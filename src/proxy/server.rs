@@ -109,7 +109,11 @@ async fn worker(
     token: CancellationToken,
     grace: Duration,
 ) {
-    let anchor = tokio::spawn(timer_anchor());
+    // The upstream client's first-byte deadlines on this thread are swept by this task. Its own
+    // timer, always due within a sweep period, also keeps arming the (minutes away) idle timers
+    // of streamed answers from waking the I/O driver: Tokio wakes it (an eventfd write and a
+    // spurious `epoll_wait`) whenever a new timer is due before every pending one.
+    let sweep = tokio::spawn(crate::client::deadline::sweep_forever());
     let graceful = GracefulShutdown::new();
     let conns = h1::Connections {
         service: GatewayService::new(state),
@@ -137,19 +141,7 @@ async fn worker(
             tracing::warn!("shutdown grace period of {} ms elapsed; dropping remaining requests", grace.as_millis());
         }
     }
-    anchor.abort();
-}
-
-/// Keeps a timer due within a second pending on this thread for as long as it serves.
-///
-/// Why: Tokio's timer wakes the thread's I/O driver (an eventfd write and a spurious `epoll_wait`)
-/// whenever a new timer is due before every pending one. Each request arms a first-byte and an
-/// idle timeout, minutes away by default; with this earlier timer always pending, arming them
-/// costs no system call.
-async fn timer_anchor() {
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    sweep.abort();
 }
 
 #[cfg(test)]
