@@ -7,9 +7,8 @@
 //!   management is this client's, not the original caller's.
 //! - Parsing never panics and never buffers more than [`MAX_HEAD_BYTES`] of head or
 //!   [`MAX_HEADERS`] header fields; anything else is a [`WireError`].
-//! - Connection-level response fields (`Connection`, `Keep-Alive`, `Transfer-Encoding`, `TE`,
-//!   `Trailer`, `Upgrade`, `Proxy-Connection` and whatever `Connection` names) are consumed here
-//!   and never reach the caller's [`Fields`].
+//! - Hop-by-hop response fields ([`HOP_BY_HOP`] and whatever `Connection` names) are consumed
+//!   here and never reach the caller's [`Fields`].
 //! - A response is reusable (its connection may carry the next request) only if it is HTTP/1.1
 //!   without `connection: close` and its body has a known end (length or chunked).
 
@@ -94,23 +93,6 @@ impl Fields {
         })
     }
 
-    /// How many fields there are.
-    pub fn len(&self) -> usize {
-        self.spans.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.spans.is_empty()
-    }
-
-    /// The value of the first field named `name` (ASCII case-insensitive).
-    pub fn get(&self, name: &str) -> Option<&[u8]> {
-        self.iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
-            .map(|(_, v)| v)
-    }
-
     /// The fields as a header map; values share the head's bytes.
     pub fn to_header_map(&self) -> HeaderMap {
         let mut map = HeaderMap::with_capacity(self.spans.len() + SPARE_HEADERS);
@@ -192,18 +174,25 @@ pub fn encode_head(
     out.put_slice(b"\r\n");
 }
 
-/// Whether `name` only concerns one connection (RFC 9110 §7.6.1): consumed here, never relayed.
-fn is_connection_level(name: &[u8]) -> bool {
-    const NAMES: [&[u8]; 7] = [
-        b"connection",
-        b"transfer-encoding",
-        b"keep-alive",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"upgrade",
-    ];
-    NAMES.iter().any(|n| n.eq_ignore_ascii_case(name))
+/// The fields that only concern one connection (RFC 9110 §7.6.1) or one proxy hop, lowercase:
+/// never relayed in either direction.
+pub const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Whether the field `name` (any case) is one of [`HOP_BY_HOP`].
+pub fn is_hop_by_hop(name: &[u8]) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|n| n.as_bytes().eq_ignore_ascii_case(name))
 }
 
 /// Removes from `spans` (name and value spans over `buf`) every field that a `Connection` field
@@ -272,7 +261,7 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
                     return Err(WireError::Invalid("conflicting content-length".into()));
                 }
                 length = Some(n);
-            } else if is_connection_level(name) {
+            } else if is_hop_by_hop(name) {
                 if name.eq_ignore_ascii_case(b"transfer-encoding") {
                     encoded = true;
                     // Only the last coding decides whether the body is chunked.
@@ -456,7 +445,6 @@ mod tests {
         let map = h.fields.to_header_map();
         assert_eq!(map.get_all("x-a").iter().count(), 2);
         assert_eq!(map["retry-after"], "2");
-        assert_eq!(h.fields.get("Retry-After"), Some(&b"2"[..]));
         let raw: Vec<_> = h.fields.iter().collect();
         assert_eq!(raw[0], (&b"retry-after"[..], &b"2"[..]));
         assert_eq!(raw.len(), 4);
@@ -472,7 +460,7 @@ mod tests {
         assert_eq!(names, [&b"x-end"[..], b"content-type"]);
         assert_eq!(h.framing, Framing::Chunked);
         let h = parse(
-            "HTTP/1.1 200 OK\r\nConnection: X-Hop\r\nx-hop: 1\r\nTE: trailers\r\ncontent-length: 0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nConnection: X-Hop\r\nx-hop: 1\r\nTE: trailers\r\nProxy-Authenticate: Basic\r\ncontent-length: 0\r\n\r\n",
         );
         let names: Vec<&[u8]> = h.fields.iter().map(|(n, _)| n).collect();
         assert_eq!(names, [&b"content-length"[..]]);

@@ -3,6 +3,7 @@
 //! Invariant: end-to-end headers pass through unchanged in both directions; only the hop-by-hop set
 //! of RFC 9110 §7.6.1 (plus any header the `Connection` header names) and `Host` are dropped.
 
+use crate::client::wire::{is_hop_by_hop, HOP_BY_HOP};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -14,23 +15,11 @@ pub const X_MATCHED_BLOCKS: HeaderName = HeaderName::from_static("x-kvgate-match
 /// Response header: the policy's predicted time to first token on the chosen instance, in ms.
 pub const X_PREDICTED_TTFT: HeaderName = HeaderName::from_static("x-kvgate-predicted-ttft-ms");
 
-const HOP_BY_HOP: [HeaderName; 9] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-
-/// Removes hop-by-hop headers (and those listed in `Connection`) in place.
+/// Removes hop-by-hop headers ([`HOP_BY_HOP`], and those listed in `Connection`) in place.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass of cheap comparisons first: usually there is nothing to remove, and a removal
     // hashes its name.
-    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+    if !headers.keys().any(|k| is_hop_by_hop(k.as_str().as_bytes())) {
         return;
     }
     if let Some(conn) = headers.get(header::CONNECTION).cloned() {
@@ -42,7 +31,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             }
         }
     }
-    for h in HOP_BY_HOP.iter() {
+    for h in HOP_BY_HOP {
         headers.remove(h);
     }
 }
@@ -73,10 +62,12 @@ fn generate_id() -> HeaderValue {
     buf[..16].copy_from_slice(prefix);
     buf[16] = b'-';
     hex_into(&mut buf[17..17 + digits], n);
+    // Hex digits and '-' are always a valid header value.
     HeaderValue::from_bytes(&buf[..17 + digits])
         .unwrap_or_else(|_| HeaderValue::from_static("kvgate"))
 }
 
+/// Writes the low `out.len()` hex digits of `v`, most significant first.
 fn hex_into(out: &mut [u8], mut v: u64) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     for b in out.iter_mut().rev() {

@@ -106,8 +106,8 @@ pub struct RawRequest {
     /// End-to-end fields, free of connection-level ones, `host`, `content-length` and the
     /// request id field.
     pub fields: Fields,
-    /// The query, without `?`.
-    pub query: Option<Bytes>,
+    /// The request target, when it has a query.
+    pub target: Option<http::uri::PathAndQuery>,
     /// The `content-type` value.
     pub content_type: Option<HeaderValue>,
     /// The request id field's value.
@@ -123,24 +123,17 @@ pub async fn handle_raw(state: AppState, endpoint: Endpoint, req: RawRequest) ->
     let rid = headers::request_id(req.request_id.as_ref());
     // Checked without an async block around `forward`: its future is large, and each enclosing
     // future copies it once more.
-    let checked = headers::is_json(req.content_type.as_ref())
-        .map_err(GatewayError::UnsupportedMediaType)
-        .and_then(|()| match &req.query {
-            Some(q) => std::str::from_utf8(q)
-                .map(Some)
-                .map_err(|_| GatewayError::BodyRead("query is not UTF-8".into())),
-            None => Ok(None),
-        });
+    let checked = headers::is_json(req.content_type.as_ref());
     let result = match checked {
-        Ok(query) => {
+        Ok(()) => {
             let out = Upstream {
                 headers: OutHeaders::Fields(&req.fields),
-                query,
+                query: req.target.as_ref().and_then(|t| t.query()),
                 body: req.body.clone(),
             };
             forward(&state, endpoint, out, &rid, started).await
         }
-        Err(e) => Err(e),
+        Err(media) => Err(GatewayError::UnsupportedMediaType(media)),
     };
     answer(&state, endpoint, result, rid)
 }

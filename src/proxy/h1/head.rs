@@ -9,7 +9,7 @@
 //! - Spans are offsets into the buffer parsed, which the head is later cut from unchanged.
 
 use super::MAX_HEADERS;
-use crate::client::wire::{drop_named_in_connection, Fields};
+use crate::client::wire::{drop_named_in_connection, is_hop_by_hop, Fields};
 use crate::proxy::parse::Endpoint;
 use crate::proxy::RawRequest;
 use bytes::Bytes;
@@ -29,29 +29,13 @@ pub struct Head {
     pub body_len: usize,
     /// The client asked to close the connection after this answer.
     pub close: bool,
-    /// The query, without `?`.
-    query: Option<Span>,
+    /// The request target, when it has a query (validated by `http`).
+    target: Option<PathAndQuery>,
     content_type: Option<Span>,
     request_id: Option<Span>,
     /// Name and value of each end-to-end field (see [`RawRequest::fields`]).
     fields: Vec<(u32, u32, u32, u32)>,
 }
-
-/// Fields a proxied request never forwards (RFC 9110 §7.6.1, and what the upstream client
-/// writes itself).
-const NOT_FORWARDED: [&[u8]; 11] = [
-    b"connection",
-    b"keep-alive",
-    b"proxy-connection",
-    b"proxy-authenticate",
-    b"proxy-authorization",
-    b"te",
-    b"trailer",
-    b"transfer-encoding",
-    b"upgrade",
-    b"host",
-    b"content-length",
-];
 
 /// What the bytes at the start of the buffer are.
 pub enum Parsed {
@@ -89,14 +73,12 @@ pub fn parse(buf: &[u8], limit: usize, rid_name: &[u8]) -> Parsed {
     let Some(target) = req.path else {
         return Parsed::HandOff;
     };
-    let (path, query) = match target.split_once('?') {
-        Some((p, q)) => {
+    let (path, target) = match target.split_once('?') {
+        Some((p, _)) => match PathAndQuery::try_from(target) {
+            Ok(t) => (p, Some(t)),
             // The query must be one `http` accepts, as hyper would require.
-            if PathAndQuery::try_from(target).is_err() {
-                return Parsed::HandOff;
-            }
-            (p, Some(q))
-        }
+            Err(_) => return Parsed::HandOff,
+        },
         None => (target, None),
     };
     let Some(endpoint) = Endpoint::for_path(path) else {
@@ -110,7 +92,7 @@ pub fn parse(buf: &[u8], limit: usize, rid_name: &[u8]) -> Parsed {
         len,
         body_len: 0,
         close: false,
-        query: query.map(|q| span(q.as_bytes())),
+        target,
         content_type: None,
         request_id: None,
         fields: Vec::with_capacity(req.headers.len()),
@@ -148,7 +130,10 @@ pub fn parse(buf: &[u8], limit: usize, rid_name: &[u8]) -> Parsed {
         } else if name.eq_ignore_ascii_case(b"content-type") {
             head.content_type.get_or_insert(span(f.value));
         }
-        if !NOT_FORWARDED.iter().any(|n| n.eq_ignore_ascii_case(name)) {
+        if !is_hop_by_hop(name)
+            && !name.eq_ignore_ascii_case(b"host")
+            && !name.eq_ignore_ascii_case(b"content-length")
+        {
             let (n, nl) = span(name);
             let (v, vl) = span(f.value);
             head.fields.push((n, nl, v, vl));
@@ -182,7 +167,7 @@ pub fn request(head: Head, bytes: Bytes, body: Bytes) -> RawRequest {
     // httparse admits exactly the values `http` does, so these never fail.
     let value = |s: Option<Span>| s.and_then(|s| HeaderValue::from_maybe_shared(cut(s)).ok());
     RawRequest {
-        query: head.query.map(cut),
+        target: head.target,
         content_type: value(head.content_type),
         request_id: value(head.request_id),
         fields: Fields::from_spans(bytes.clone(), head.fields),
@@ -246,7 +231,7 @@ mod tests {
         let bytes = Bytes::from(wire);
         let len = head.len;
         let req = request(head, bytes.slice(..len), bytes.slice(len..));
-        assert_eq!(req.query.as_deref(), Some(&b"v=1"[..]));
+        assert_eq!(req.target.unwrap().query(), Some("v=1"));
         assert_eq!(req.content_type.unwrap(), "application/json");
         assert_eq!(req.request_id.unwrap(), "r1");
         assert_eq!(&req.body[..], b"{}");
