@@ -38,7 +38,7 @@ pub async fn write(
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
     let mut out = BytesMut::with_capacity(512);
-    let mut body = match reply {
+    let (framing, mut body) = match reply {
         Reply::Relayed {
             fields, own, body, ..
         } => {
@@ -48,7 +48,7 @@ pub async fn write(
                 .iter()
                 .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
             encode_head(&mut out, status, theirs.chain(ours), framing, close);
-            body
+            (framing, body)
         }
         Reply::Made(resp) => {
             let (parts, body) = resp.into_parts();
@@ -58,10 +58,9 @@ pub async fn write(
                 .iter()
                 .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
             encode_head(&mut out, status, fields, framing, close);
-            body
+            (framing, body)
         }
     };
-    let framing = framing(bodiless, &body);
     if bodiless {
         return write_all(stream, &out, &[]).await;
     }
@@ -106,15 +105,12 @@ pub async fn write(
         }
         if data.len() <= COPY_BYTES {
             out.extend_from_slice(&data);
-            if framing == Framing::Chunked {
-                out.extend_from_slice(b"\r\n");
-            }
         } else {
             write_all(stream, &out, &data).await?;
             out.clear();
-            if framing == Framing::Chunked {
-                out.extend_from_slice(b"\r\n");
-            }
+        }
+        if framing == Framing::Chunked {
+            out.extend_from_slice(b"\r\n");
         }
         if body.is_end_stream() {
             break;

@@ -107,6 +107,8 @@ pub fn parse(buf: &[u8], limit: usize, rid_name: &[u8]) -> Parsed {
                 _ => return Parsed::HandOff,
             };
             body_len = Some(n);
+            // The upstream client writes its own.
+            continue;
         } else if name.eq_ignore_ascii_case(b"transfer-encoding")
             || name.eq_ignore_ascii_case(b"expect")
             || name.eq_ignore_ascii_case(b"upgrade")
@@ -130,10 +132,7 @@ pub fn parse(buf: &[u8], limit: usize, rid_name: &[u8]) -> Parsed {
         } else if name.eq_ignore_ascii_case(b"content-type") {
             head.content_type.get_or_insert(span(f.value));
         }
-        if !is_hop_by_hop(name)
-            && !name.eq_ignore_ascii_case(b"host")
-            && !name.eq_ignore_ascii_case(b"content-length")
-        {
+        if !is_hop_by_hop(name) && !name.eq_ignore_ascii_case(b"host") {
             let (n, nl) = span(name);
             let (v, vl) = span(f.value);
             head.fields.push((n, nl, v, vl));
@@ -166,11 +165,12 @@ pub fn request(head: Head, bytes: Bytes, body: Bytes) -> RawRequest {
     let cut = |(at, len): Span| bytes.slice(at as usize..(at + len) as usize);
     // httparse admits exactly the values `http` does, so these never fail.
     let value = |s: Option<Span>| s.and_then(|s| HeaderValue::from_maybe_shared(cut(s)).ok());
+    let (content_type, request_id) = (value(head.content_type), value(head.request_id));
     RawRequest {
         target: head.target,
-        content_type: value(head.content_type),
-        request_id: value(head.request_id),
-        fields: Fields::from_spans(bytes.clone(), head.fields),
+        content_type,
+        request_id,
+        fields: Fields::from_spans(bytes, head.fields),
         body,
     }
 }
