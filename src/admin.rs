@@ -34,6 +34,10 @@ pub async fn cluster(State(s): State<AppState>) -> Response {
 
 /// `GET /metrics`: Prometheus text exposition.
 pub async fn metrics(State(s): State<AppState>) -> Response {
+    let load = s.routing.load();
+    for inst in s.fleet.instances() {
+        inst.metrics.set_in_flight(load.snapshot(inst.id).in_flight);
+    }
     let mut r = s.metrics.render().into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -94,10 +98,7 @@ pub async fn instances(State(s): State<AppState>) -> Response {
                 router_load: load,
                 header_latency_ms: i.header_latency.get(),
                 ttft_ms: i.ttft.get(),
-                engine: i.engine.lock().map(|mut e| {
-                    e.stale = now.saturating_sub(e.at) > stale_after;
-                    e
-                }),
+                engine: i.engine.get(now, stale_after),
                 capacity_blocks: i.capacity(),
                 rates: s.routing.rates(i.id),
                 overhead_ms: s.routing.overhead_ms(i.id),

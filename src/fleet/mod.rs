@@ -7,6 +7,7 @@
 //! - The request path only reads atomics and short locks here; all probing (health checks, metric
 //!   scrapes, model lists) runs in background tasks ([`tasks`]) with timeouts.
 
+pub mod engine;
 pub mod health;
 pub mod models;
 pub mod scrape;
@@ -16,9 +17,8 @@ use crate::config::{Config, Flavour, InstanceConfig, PoolConfig};
 use crate::error::GatewayError;
 use ahash::AHashMap;
 use http::HeaderValue;
-use kvgate_core::load::EngineLoad;
 use kvgate_core::InstanceId;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use health::Health;
@@ -103,7 +103,7 @@ pub struct Instance {
     /// Time to first streamed chunk.
     pub ttft: Ewma,
     /// Last engine-reported load (staleness judged by the reader).
-    pub engine: Mutex<Option<EngineLoad>>,
+    pub engine: engine::EngineCell,
     /// KV cache capacity in blocks (0 = unknown): config, else the engine's report.
     pub capacity_blocks: AtomicU64,
     /// Pre-registered metric handles.
@@ -173,7 +173,7 @@ impl Fleet {
                     health: Health::new(),
                     header_latency: Ewma::default(),
                     ttft: Ewma::default(),
-                    engine: Mutex::new(None),
+                    engine: engine::EngineCell::default(),
                     capacity_blocks: AtomicU64::new(ic.capacity_blocks.unwrap_or(0)),
                     metrics: crate::metrics::InstanceMetrics::new(&pc.model, &name),
                     name,

@@ -207,7 +207,7 @@ async fn scrape_loop(p: Probe, token: CancellationToken) {
                 }
                 continue;
             };
-            *inst.engine.lock() = Some(EngineLoad {
+            inst.engine.set(EngineLoad {
                 running: s.running,
                 waiting: s.waiting,
                 kv_usage: s.kv_usage,
