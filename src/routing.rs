@@ -138,6 +138,7 @@ pub struct Routing {
     stale_after_ms: u64,
     log: Mutex<VecDeque<Logged>>,
     log_cap: usize,
+    /// Threads that have drawn seeds so far (see [`Routing::next_seed`]).
     seq: AtomicU64,
     clock: Clock,
     /// Replica gossip, once started: peers' placements and load.
@@ -338,37 +339,35 @@ impl Routing {
             self.index.match_prefix(&prep.hashes, now, &mut matches);
         }
         let mut candidates = Vec::with_capacity(pool.instances.len());
+        let rates = self.rates.view();
         for &id in &pool.instances {
             let inst = fleet.instance(id);
             if exclude.contains(&id) || !inst.health.usable(now) {
                 continue;
             }
-            let engine = inst.engine.lock().map(|mut e| {
-                e.stale = now.saturating_sub(e.at) > self.stale_after_ms;
-                e
-            });
+            let engine = inst.engine.get(now, self.stale_after_ms);
             candidates.push(Candidate {
                 id,
                 matched: matches.get(id),
                 load: fleet_load(self.load.snapshot(id), gossip, id),
                 engine,
-                rates: self.rates(id),
+                rates: rates.rates(id),
                 cache_capacity_blocks: inst.capacity(),
             });
         }
+        drop(rates);
         let no_instance = || GatewayError::NoHealthyInstance {
             model: pool.model.clone(),
         };
         if candidates.is_empty() {
             return Err(no_instance());
         }
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let req = RouteRequest {
             hashes: &prep.hashes,
             tokens_per_block: prep.tokens_per_block,
             prompt_tokens: prep.prompt_tokens,
             text: &prep.text,
-            seed: splitmix64(seq),
+            seed: self.next_seed(),
             now,
         };
         let pr = &self.pools[pool.index];
@@ -432,6 +431,22 @@ impl Routing {
             log.push_back(rec);
         }
         Ok(routed)
+    }
+
+    /// A well-mixed seed for one decision. Each thread counts on its own, its counter starting
+    /// 2^40 past the previous thread's: a shared counter would be one more cache line that every
+    /// serving thread writes on every request.
+    fn next_seed(&self) -> u64 {
+        thread_local! {
+            static NEXT: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+        }
+        NEXT.with(|next| {
+            let v = next
+                .get()
+                .unwrap_or_else(|| self.seq.fetch_add(1, Ordering::Relaxed) << 40);
+            next.set(Some(v.wrapping_add(1)));
+            splitmix64(v)
+        })
     }
 
     /// Folds an observed time to first token into the instance's rate estimate.

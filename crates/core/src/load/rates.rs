@@ -290,6 +290,23 @@ struct State {
 /// of work versus tens of decoding sequences).
 const DECODE_SCALE: f64 = 8.0;
 
+/// A read-locked view of a [`RateEstimator`]'s estimates.
+pub struct RatesView<'a> {
+    state: parking_lot::RwLockReadGuard<'a, State>,
+    cfg: &'a RateConfig,
+}
+
+impl RatesView<'_> {
+    /// Current estimate of `instance` (the pool's for unknown instances).
+    pub fn rates(&self, instance: InstanceId) -> InstanceRates {
+        self.state
+            .instances
+            .get(instance.index())
+            .unwrap_or(&self.state.pool)
+            .rates(self.cfg)
+    }
+}
+
 impl RateEstimator {
     /// Estimates for `instances` instances, all at the configured values.
     pub fn new(cfg: RateConfig, instances: usize) -> Self {
@@ -312,11 +329,17 @@ impl RateEstimator {
 
     /// Current estimate of `instance` (the pool's for unknown instances).
     pub fn rates(&self, instance: InstanceId) -> InstanceRates {
-        let st = self.state.read();
-        st.instances
-            .get(instance.index())
-            .unwrap_or(&st.pool)
-            .rates(&self.cfg)
+        self.view().rates(instance)
+    }
+
+    /// The estimates as they stand, for several reads under one lock acquisition (a routing
+    /// decision reads every candidate's; each acquisition writes the lock's shared cache line).
+    /// Observations wait while a view is held: drop it promptly.
+    pub fn view(&self) -> RatesView<'_> {
+        RatesView {
+            state: self.state.read(),
+            cfg: &self.cfg,
+        }
     }
 
     /// Current estimate of `instance`'s fixed overhead per request, ms.

@@ -3,7 +3,7 @@
 //! Invariant: over `n` consecutive decisions with the same `n` candidates each is chosen once.
 
 use super::util::decision;
-use super::{Candidate, Decision, Policy, Reason, RouteRequest};
+use super::{Candidate, CandidateScore, Decision, Policy, Reason, RouteRequest};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Round-robin rotation with one shared counter.
@@ -22,10 +22,18 @@ impl Policy for RoundRobin {
         }
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let i = (n % candidates.len() as u64) as usize;
-        let scores: Vec<f64> = (0..candidates.len())
-            .map(|k| if k == i { 1.0 } else { 0.0 })
+        // Scores mark the chosen one; no buffer of them is built on this, the cheapest path.
+        let mut d = decision(candidates, i, &[], 0.0, Reason::Spread);
+        d.scores = candidates
+            .iter()
+            .enumerate()
+            .map(|(k, c)| CandidateScore {
+                id: c.id,
+                score: if k == i { 1.0 } else { 0.0 },
+                matched_blocks: c.matched.total(),
+            })
             .collect();
-        Some(decision(candidates, i, &scores, 0.0, Reason::Spread))
+        Some(d)
     }
 }
 
@@ -44,6 +52,9 @@ mod tests {
             .map(|d| d.chosen.0)
             .collect();
         assert_eq!(got, vec![0, 1, 2, 0, 1, 2]);
+        let d = p.decide(&r, &cs).unwrap();
+        let scores: Vec<(u32, f64)> = d.scores.iter().map(|s| (s.id.0, s.score)).collect();
+        assert_eq!(scores, vec![(0, 1.0), (1, 0.0), (2, 0.0)]);
         assert!(p.decide(&r, &[]).is_none());
     }
 }
