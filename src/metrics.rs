@@ -89,7 +89,10 @@ fn build() -> Result<PrometheusHandle, String> {
         "Time from arrival to the first streamed response chunk."
     );
     describe_counter!(UPSTREAM_ERRORS, "Upstream failures by instance and cause.");
-    describe_gauge!(IN_FLIGHT, "Requests in flight per instance.");
+    describe_gauge!(
+        IN_FLIGHT,
+        "Requests dispatched to each instance and not finished, as of the scrape."
+    );
     describe_counter!(RETRIES, "Retries on another instance, by pool and cause.");
     describe_counter!(REJECTED, "Requests rejected by the gateway, by error code.");
     describe_gauge!(
@@ -189,9 +192,11 @@ impl InstanceMetrics {
         self.ttft.record(seconds);
     }
 
-    /// In-flight gauge delta.
-    pub fn in_flight(&self, delta: f64) {
-        self.in_flight.increment(delta);
+    /// Sets the in-flight gauge. Set from the router's load tracker when `/metrics` is scraped,
+    /// not moved per request: a shared gauge updated by every serving thread on every request
+    /// costs each of them the cache line.
+    pub fn set_in_flight(&self, requests: u32) {
+        self.in_flight.set(f64::from(requests));
     }
 }
 

@@ -138,7 +138,16 @@ async fn client_disconnect_cancels_upstream_stream() {
         chunks: 200,
         delay: Duration::from_millis(50),
     });
-    let gw = Gateway::start(config_for(&[a.url()])).await;
+    let mut cfg = config_for(&[a.url()]);
+    // A name of its own: the metrics recorder is shared by every gateway in this process.
+    cfg.pools[0].instances[0].name = Some("gone-client".into());
+    let gw = Gateway::start(cfg).await;
+    let in_flight = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("kvgate_in_flight_requests{instance=\"gone-client\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_string)
+    };
     let resp = post(
         &gw,
         "/v1/chat/completions",
@@ -147,6 +156,17 @@ async fn client_disconnect_cancels_upstream_stream() {
     .await;
     let mut stream = resp.bytes_stream();
     stream.next().await.unwrap().unwrap();
+    let scrape = || async {
+        client()
+            .get(gw.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    assert_eq!(in_flight(&scrape().await).as_deref(), Some("1"));
     drop(stream);
     assert!(
         eventually(10, || a.state.streams_dropped.load(Ordering::SeqCst) == 1).await,
@@ -164,6 +184,7 @@ async fn client_disconnect_cancels_upstream_stream() {
             == 0)
         .await
     );
+    assert_eq!(in_flight(&scrape().await).as_deref(), Some("0"));
 }
 
 #[tokio::test]

@@ -67,7 +67,6 @@ impl Tracker {
         (uncached_tokens, queued_ahead_tokens, decoding): (u64, u64, u32),
         status: u16,
     ) -> Self {
-        state.fleet.instance(instance).metrics.in_flight(1.0);
         Self {
             state,
             instance,
@@ -112,7 +111,6 @@ impl Tracker {
         self.finished = true;
         drop(self.guard.take());
         let inst = self.state.fleet.instance(self.instance);
-        inst.metrics.in_flight(-1.0);
         let class = match end {
             End::ClientGone => metrics::CANCELLED,
             _ => metrics::class_index(self.status),
