@@ -190,7 +190,19 @@ pub const HOP_BY_HOP: [&str; 9] = [
 
 /// Whether the field `name` (any case) is one of [`HOP_BY_HOP`].
 pub fn is_hop_by_hop(name: &[u8]) -> bool {
-    HOP_BY_HOP
+    // Every field of every request and response passes here: the length picks the one or two
+    // names worth comparing.
+    let candidates: &[&str] = match name.len() {
+        2 => &["te"],
+        7 => &["trailer", "upgrade"],
+        10 => &["connection", "keep-alive"],
+        16 => &["proxy-connection"],
+        17 => &["transfer-encoding"],
+        18 => &["proxy-authenticate"],
+        19 => &["proxy-authorization"],
+        _ => return false,
+    };
+    candidates
         .iter()
         .any(|n| n.as_bytes().eq_ignore_ascii_case(name))
 }
@@ -467,6 +479,26 @@ mod tests {
         assert_eq!(h.framing, Framing::Empty);
     }
 
+    #[test]
+    fn hop_by_hop_is_exactly_the_list_in_any_case() {
+        for name in HOP_BY_HOP {
+            assert!(is_hop_by_hop(name.as_bytes()), "{name}");
+            assert!(
+                is_hop_by_hop(name.to_ascii_uppercase().as_bytes()),
+                "{name}"
+            );
+            let mut longer = name.to_string();
+            longer.push('s');
+            assert!(!is_hop_by_hop(longer.as_bytes()), "{longer}");
+            assert!(
+                !is_hop_by_hop(&name.as_bytes()[1..]),
+                "{name} without its first byte"
+            );
+        }
+        for other in ["host", "content-type", "x-upgrade", "connectiom", "", "tf"] {
+            assert!(!is_hop_by_hop(other.as_bytes()), "{other}");
+        }
+    }
     #[test]
     fn partial_heads_ask_for_more_and_bad_ones_fail() {
         assert!(head(b"HTTP/1.1 200 OK\r\ncontent-le", &Method::POST)
