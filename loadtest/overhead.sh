@@ -10,7 +10,7 @@
 # Each target is measured with 1 and 32 connections, with a small and a ~32 KiB POST body, for
 # $DURATION each. Prints a Markdown table with kvgate/nginx throughput ratios and the p50 latency
 # each proxy adds over the direct path, then the kvgate/nginx ratio of every round and its median
-# (on a shared machine the steadier figure: each pair ran back to back).
+# (on a shared machine the steadier figure: each pair ran back to back, in alternating order).
 #
 # Usage: loadtest/overhead.sh [--duration 10s] [--rounds 1] [--policy round_robin|kvgate|...]
 #                              [--bin PATH]
@@ -206,10 +206,17 @@ for body in small large; do
     for conns in 1 32; do
         # Rounds interleave the three paths, so a burst of load from elsewhere on the machine
         # falls on all of them rather than on one; each figure is the median over the rounds.
-        for _ in $(seq 1 "$ROUNDS"); do
+        # The two proxies swap places every round, so neither always runs right after the
+        # direct path's burst or always second.
+        for round in $(seq 1 "$ROUNDS"); do
             run_cell direct "http://127.0.0.1:${B[0]}/v1/chat/completions" "$conns" "$body"
-            run_cell nginx "http://127.0.0.1:$NGINX_PORT/v1/chat/completions" "$conns" "$body" "$NGINX_PROXY_PID"
-            run_cell kvgate "http://127.0.0.1:$KVGATE_PORT/v1/chat/completions" "$conns" "$body" "$KVGATE_PID"
+            if [ $((round % 2)) -eq 1 ]; then
+                run_cell nginx "http://127.0.0.1:$NGINX_PORT/v1/chat/completions" "$conns" "$body" "$NGINX_PROXY_PID"
+                run_cell kvgate "http://127.0.0.1:$KVGATE_PORT/v1/chat/completions" "$conns" "$body" "$KVGATE_PID"
+            else
+                run_cell kvgate "http://127.0.0.1:$KVGATE_PORT/v1/chat/completions" "$conns" "$body" "$KVGATE_PID"
+                run_cell nginx "http://127.0.0.1:$NGINX_PORT/v1/chat/completions" "$conns" "$body" "$NGINX_PROXY_PID"
+            fi
         done
         # Each round's kvgate/nginx pair ran back to back under the same outside load.
         ROUND_RATIOS[$conns,$body]=$(paste -d' ' \
