@@ -25,7 +25,8 @@
 //!   ([`proxy::service`]).
 //! - [`admin`] — `/health`, `/ready`, `/metrics`, `/v1/models`, `/admin/*`.
 //! - [`routing`] — the only caller of the routing core: prompt → block hashes → index match →
-//!   policy decision → prediction + load guard; keeps the decision log.
+//!   policy decision → prediction + load guard; keeps the decision log ([`decision_log`], sharded
+//!   by serving thread).
 //! - [`fleet`] — pools by model, instances with dense ids, health (active checks + passive
 //!   ejection), latency averages, engine load scraping, the `/v1/models` union.
 //! - [`client`] — HTTP/1.1 client doing each exchange on the request's own task over a per-thread
@@ -54,6 +55,7 @@ pub mod app;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod decision_log;
 pub mod error;
 pub mod events;
 pub mod fleet;

@@ -9,10 +9,12 @@
 //! Invariants:
 //! - Time enters the core only as [`Clock::now_ms`].
 //! - Engine-reported load older than `load.stale_after_ms` is passed to the core marked stale.
-//! - The decision log holds at most `routing.decision_log_size` entries.
+//! - The decision log shows the newest `routing.decision_log_size` decisions and holds at most
+//!   [`crate::decision_log::MAX_SHARDS`] times as many.
 
 use crate::clock::Clock;
 use crate::config::{Config, HashMode};
+use crate::decision_log::ShardedLog;
 use crate::error::GatewayError;
 use crate::fleet::{Fleet, Pool};
 use crate::metrics;
@@ -25,9 +27,7 @@ use kvgate_core::load::{InstanceRates, LoadGuard, LoadTracker, RateEstimator};
 use kvgate_core::policy::{build_policy, Candidate, Decision, Policy, RouteRequest};
 use kvgate_core::{BlockHash, InstanceId, Source};
 use kvgate_tokenizer::TokenMode;
-use parking_lot::Mutex;
 use serde::Serialize;
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -65,7 +65,6 @@ pub struct Routed {
 
 /// A decision as kept in the log: names are resolved only when the log is read.
 struct Logged {
-    at_ms: u64,
     request_id: http::HeaderValue,
     pool: usize,
     policy: &'static str,
@@ -136,8 +135,7 @@ pub struct Routing {
     bytes_per_token: u32,
     ttl_ms: u64,
     stale_after_ms: u64,
-    log: Mutex<VecDeque<Logged>>,
-    log_cap: usize,
+    log: ShardedLog<Logged>,
     /// Threads that have drawn seeds so far (see [`Routing::next_seed`]).
     seq: AtomicU64,
     clock: Clock,
@@ -186,10 +184,13 @@ impl Routing {
             bytes_per_token: cfg.routing.text_bytes_per_token,
             ttl_ms: cfg.routing.predicted_ttl_ms,
             stale_after_ms: cfg.load.stale_after_ms,
-            log: Mutex::new(VecDeque::with_capacity(
-                cfg.routing.decision_log_size.min(1024),
-            )),
-            log_cap: cfg.routing.decision_log_size,
+            log: ShardedLog::new(
+                cfg.routing.decision_log_size,
+                match cfg.server.threads {
+                    0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+                    n => n,
+                },
+            ),
             seq: AtomicU64::new(0),
             clock,
             gossip: std::sync::OnceLock::new(),
@@ -414,9 +415,8 @@ impl Routing {
             queued_ahead_tokens: at_dispatch.pending_prefill_tokens,
             decoding: at_dispatch.decoding,
         };
-        if self.log_cap > 0 {
+        if self.log.enabled() {
             let rec = Logged {
-                at_ms: now,
                 request_id: request_id.clone(),
                 pool: pool.index,
                 policy: pr.policy.name(),
@@ -424,11 +424,7 @@ impl Routing {
                 prompt_blocks: prep.hashes.len(),
                 decision,
             };
-            let mut log = self.log.lock();
-            if log.len() >= self.log_cap {
-                log.pop_front();
-            }
-            log.push_back(rec);
+            self.log.push(now, rec);
         }
         Ok(routed)
     }
@@ -464,25 +460,20 @@ impl Routing {
 
     /// Recent decisions, newest last.
     pub fn decisions(&self, fleet: &Fleet) -> Vec<DecisionRecord> {
-        let log: Vec<_> = self
-            .log
-            .lock()
-            .iter()
-            .map(|l| {
-                (
-                    l.at_ms,
-                    l.request_id.clone(),
-                    l.pool,
-                    l.policy,
-                    l.attempt,
-                    l.prompt_blocks,
-                    l.decision.clone(),
-                )
-            })
-            .collect();
+        // Names are resolved after the shards' locks are released.
+        let log = self.log.recent(|_, l| {
+            (
+                l.request_id.clone(),
+                l.pool,
+                l.policy,
+                l.attempt,
+                l.prompt_blocks,
+                l.decision.clone(),
+            )
+        });
         log.into_iter()
             .map(
-                |(at_ms, rid, pool, policy, attempt, prompt_blocks, decision)| DecisionRecord {
+                |(at_ms, (rid, pool, policy, attempt, prompt_blocks, decision))| DecisionRecord {
                     at_ms,
                     request_id: rid.to_str().unwrap_or("").to_string(),
                     model: fleet.pools()[pool].model.clone(),

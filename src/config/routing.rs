@@ -95,7 +95,8 @@ pub struct RoutingConfig {
     /// How long a routing decision counts as "the chosen instance holds these blocks" unless an
     /// engine event confirms or contradicts it.
     pub predicted_ttl_ms: u64,
-    /// Recent decisions kept for `/admin/decisions`.
+    /// Recent decisions shown by `/admin/decisions`; each serving thread keeps its own newest
+    /// ones (at most [`crate::decision_log::MAX_SHARDS`] logs).
     pub decision_log_size: usize,
     /// Per-instance speed: starting values and bounds of the rates learned from observed TTFT.
     pub rates: kvgate_core::load::RateConfig,
