@@ -50,6 +50,14 @@ fn index(c: &mut Criterion) {
                 black_box(out.best())
             })
         });
+        // A 4 KiB prompt at the default 256-byte text blocks.
+        let short = &held[..16];
+        g.bench_function(BenchmarkId::new("match_16_blocks_hit", entries), |b| {
+            b.iter(|| {
+                ix.match_prefix(black_box(short), 1, &mut out);
+                black_box(out.best())
+            })
+        });
         g.bench_function(BenchmarkId::new("match_miss", entries), |b| {
             b.iter(|| {
                 ix.match_prefix(black_box(&miss), 1, &mut out);

@@ -68,9 +68,12 @@ impl PlacementIndex {
         } else {
             (1u64 << rows.len()) - 1
         };
-        let mut shard_of = [0u32; BATCH_MAX];
-        let mut order = [0u32; BATCH_MAX];
-        let mut masks = [Masks::default(); BATCH_MAX];
+        // Sized to the chain, not to the largest batch: a fixed 1024-entry set (32 KiB) cost a
+        // short prompt more to zero than its lookups, and flushed the L1 cache doing it.
+        let cap = rest.len().min(BATCH_MAX);
+        let mut shard_of = vec![0u32; cap];
+        let mut order = vec![0u32; cap];
+        let mut masks = vec![Masks::default(); cap];
         let mut pos = 0;
         let mut batch = BATCH_MIN;
         while pos < rest.len() && alive != 0 {
