@@ -156,17 +156,8 @@ async fn client_disconnect_cancels_upstream_stream() {
     .await;
     let mut stream = resp.bytes_stream();
     stream.next().await.unwrap().unwrap();
-    let scrape = || async {
-        client()
-            .get(gw.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
-    assert_eq!(in_flight(&scrape().await).as_deref(), Some("1"));
+    let metrics = gw.get_text("/metrics").await;
+    assert_eq!(in_flight(&metrics).as_deref(), Some("1"));
     drop(stream);
     assert!(
         eventually(10, || a.state.streams_dropped.load(Ordering::SeqCst) == 1).await,
@@ -184,7 +175,8 @@ async fn client_disconnect_cancels_upstream_stream() {
             == 0)
         .await
     );
-    assert_eq!(in_flight(&scrape().await).as_deref(), Some("0"));
+    let metrics = gw.get_text("/metrics").await;
+    assert_eq!(in_flight(&metrics).as_deref(), Some("0"));
 }
 
 #[tokio::test]

@@ -293,6 +293,12 @@ impl Gateway {
         format!("http://{}{}", self.addr, path)
     }
 
+    /// The body of `GET path`, as text.
+    pub async fn get_text(&self, path: &str) -> String {
+        let resp = client().get(self.url(path)).send().await.unwrap();
+        resp.text().await.unwrap()
+    }
+
     /// Signals shutdown (the serve loop then drains).
     pub fn shutdown(&mut self) {
         if let Some(tx) = self.stop.take() {
