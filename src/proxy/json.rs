@@ -408,6 +408,15 @@ impl<'a> Reader<'a> {
         }
         self.pos += 1;
         let start = self.pos;
+        // Most keys and short values close within their first eight bytes.
+        if let Some(&word) = self.bytes()[start..].first_chunk::<8>() {
+            if let Some(i) = first_special(u64::from_le_bytes(word)) {
+                if word[i] == b'"' {
+                    self.pos = start + i + 1;
+                    return Ok(Cow::Borrowed(self.slice(start, start + i)?));
+                }
+            }
+        }
         let end = self.scan_plain()?;
         if self.bytes()[end] == b'"' {
             self.pos = end + 1;
@@ -672,6 +681,31 @@ mod tests {
         assert_eq!(s, "esc\"aped\u{e9}\u{1f600}\n");
         assert!(!r.next_item(&mut first).unwrap());
         r.finish().unwrap();
+    }
+
+    #[test]
+    fn read_strings_agree_with_serde_json_around_word_edges() {
+        // Every length across the first words, with an escape, a raw control character or a
+        // quote-like byte at every position, followed by more of the document or by nothing.
+        for len in 0..20 {
+            for at in 0..=len {
+                for special in ["", "\\n", "\\\"", "\u{1}", "\\u00e9", "é"] {
+                    for tail in ["", ",1]", "   "] {
+                        let body: String = (0..len)
+                            .map(|i| if i == at { special } else { "a" })
+                            .collect();
+                        let text = format!("\"{body}\"{tail}");
+                        let ours = Reader::new(&text).string().map(|s| s.into_owned());
+                        let theirs = serde_json::Deserializer::from_str(&text)
+                            .into_iter::<String>()
+                            .next()
+                            .map(|r| r.ok())
+                            .unwrap_or(None);
+                        assert_eq!(ours.ok(), theirs, "{text:?}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
