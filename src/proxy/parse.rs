@@ -401,13 +401,24 @@ fn token(r: &mut Reader<'_>, field: &'static str) -> Result<u32, GatewayError> {
         .map_err(|_| invalid(field, "token id out of range"))
 }
 
+/// Body length from which UTF-8 is validated with vector instructions (`benches/parse.rs`: they
+/// slowed a 150-byte body by a third and sped a 32 KiB one up by a sixth).
+const SIMD_UTF8_FROM: usize = 1024;
+
 /// Parses `body` for `endpoint`.
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RouteInput<'_>, GatewayError> {
-    let text = std::str::from_utf8(body).map_err(|e| {
-        GatewayError::MalformedJson(format!(
-            "body is not UTF-8 (invalid byte at {})",
-            e.valid_up_to()
-        ))
+    // Long bodies are validated vectorized; short ones by the standard library, which finishes
+    // them before the vector code has set up. The standard library also places an error.
+    let valid = if body.len() >= SIMD_UTF8_FROM {
+        simdutf8::basic::from_utf8(body).ok()
+    } else {
+        std::str::from_utf8(body).ok()
+    };
+    let text = valid.ok_or_else(|| {
+        let at = std::str::from_utf8(body)
+            .err()
+            .map_or(0, |e| e.valid_up_to());
+        GatewayError::MalformedJson(format!("body is not UTF-8 (invalid byte at {at})"))
     })?;
     let mut r = Reader::new(text);
     match r.peek() {
@@ -708,6 +719,31 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(body)
             );
+        }
+    }
+
+    #[test]
+    fn bodies_that_are_not_utf8_name_the_first_bad_byte() {
+        let valid = r#"{"messages":[{"role":"user","content":"héllo wörld, a longer text to cross vector widths: 0123456789abcdef0123456789abcdef"}]}"#;
+        assert!(parse(Endpoint::Chat, valid.as_bytes()).is_ok());
+        // A stray continuation byte, a truncated sequence and an overlong encoding, at every
+        // offset inside the content.
+        let start = valid.find("héllo").unwrap();
+        for bad in [&[0x80u8][..], &[0xe2, 0x82], &[0xc0, 0xaf]] {
+            for at in start..valid.len() - 4 {
+                if !valid.is_char_boundary(at) {
+                    continue;
+                }
+                let mut body = valid.as_bytes()[..at].to_vec();
+                body.extend_from_slice(bad);
+                body.extend_from_slice(&valid.as_bytes()[at..]);
+                match parse(Endpoint::Chat, &body) {
+                    Err(GatewayError::MalformedJson(m)) => {
+                        assert_eq!(m, format!("body is not UTF-8 (invalid byte at {at})"))
+                    }
+                    other => panic!("{at}: {other:?}"),
+                }
+            }
         }
     }
 
