@@ -724,7 +724,15 @@ mod tests {
 
     #[test]
     fn bodies_that_are_not_utf8_name_the_first_bad_byte() {
-        let valid = r#"{"messages":[{"role":"user","content":"héllo wörld, a longer text to cross vector widths: 0123456789abcdef0123456789abcdef"}]}"#;
+        let short = r#"{"messages":[{"role":"user","content":"héllo wörld, a longer text to cross vector widths: 0123456789abcdef0123456789abcdef"}]}"#;
+        // Past SIMD_UTF8_FROM, so validated the other way.
+        let long = short.replace("héllo", &"héllo wörld ".repeat(100));
+        for valid in [short, long.as_str()] {
+            bad_bytes_are_placed(valid);
+        }
+    }
+
+    fn bad_bytes_are_placed(valid: &str) {
         assert!(parse(Endpoint::Chat, valid.as_bytes()).is_ok());
         // A stray continuation byte, a truncated sequence and an overlong encoding, at every
         // offset inside the content.
