@@ -207,6 +207,37 @@ pub fn is_hop_by_hop(name: &[u8]) -> bool {
         .any(|n| n.as_bytes().eq_ignore_ascii_case(name))
 }
 
+/// What the tokens of a head's `Connection` fields say (RFC 9110 §7.6.1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnectionOptions {
+    /// `close`.
+    pub close: bool,
+    /// `keep-alive`.
+    pub keep_alive: bool,
+    /// `upgrade`.
+    pub upgrade: bool,
+    /// Some other token: a field name, that field then being connection-level too.
+    pub names_fields: bool,
+}
+
+impl ConnectionOptions {
+    /// Adds the tokens of one `Connection` field value.
+    pub fn add(&mut self, value: &[u8]) {
+        for token in value.split(|&b| b == b',') {
+            let token = token.trim_ascii();
+            if token.eq_ignore_ascii_case(b"close") {
+                self.close = true;
+            } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                self.keep_alive = true;
+            } else if token.eq_ignore_ascii_case(b"upgrade") {
+                self.upgrade = true;
+            } else if !token.is_empty() {
+                self.names_fields = true;
+            }
+        }
+    }
+}
+
 /// Removes from `spans` (name and value spans over `buf`) every field that a `Connection` field
 /// among `fields` names: those are connection-level too (RFC 9110 §7.6.1).
 pub fn drop_named_in_connection(
@@ -237,9 +268,7 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
     let mut length: Option<u64> = None;
     let mut chunked = false;
     let mut encoded = false;
-    let mut close = false;
-    let mut keep_alive = false;
-    let mut listed = false;
+    let mut connection = ConnectionOptions::default();
     let (len, code, minor) = {
         let mut fields = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
         let mut parsed = httparse::Response::new(&mut []);
@@ -282,16 +311,7 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
                         .next()
                         .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
                 } else if name.eq_ignore_ascii_case(b"connection") {
-                    for token in value.split(|&b| b == b',') {
-                        let token = token.trim_ascii();
-                        if token.eq_ignore_ascii_case(b"close") {
-                            close = true;
-                        } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                            keep_alive = true;
-                        } else if !token.is_empty() {
-                            listed = true;
-                        }
-                    }
+                    connection.add(value);
                 }
                 // Connection-level fields end here: the body is decoded by this client and the
                 // connection is this client's to manage.
@@ -305,7 +325,7 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
                 value.len() as u32,
             ));
         }
-        if listed {
+        if connection.names_fields {
             drop_named_in_connection(parsed.headers, buf, &mut spans);
         }
         (len, parsed.code, parsed.version)
@@ -320,9 +340,9 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
         Version::HTTP_10
     };
     let close = if version == Version::HTTP_10 {
-        !keep_alive || close
+        !connection.keep_alive || connection.close
     } else {
-        close
+        connection.close
     };
     let framing = if *method == Method::HEAD
         || status.is_informational()
@@ -477,6 +497,29 @@ mod tests {
         let names: Vec<&[u8]> = h.fields.iter().map(|(n, _)| n).collect();
         assert_eq!(names, [&b"content-length"[..]]);
         assert_eq!(h.framing, Framing::Empty);
+    }
+
+    #[test]
+    fn connection_options_read_every_token_of_every_value() {
+        let mut c = ConnectionOptions::default();
+        c.add(b" Keep-Alive ,, ");
+        assert_eq!(
+            c,
+            ConnectionOptions {
+                keep_alive: true,
+                ..Default::default()
+            }
+        );
+        c.add(b"x-hop,CLOSE, upgrade");
+        assert_eq!(
+            c,
+            ConnectionOptions {
+                close: true,
+                keep_alive: true,
+                upgrade: true,
+                names_fields: true,
+            }
+        );
     }
 
     #[test]

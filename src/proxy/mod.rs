@@ -129,7 +129,7 @@ pub async fn handle_raw(state: AppState, endpoint: Endpoint, req: RawRequest) ->
             let out = Upstream {
                 headers: OutHeaders::Fields(&req.fields),
                 query: req.target.as_ref().and_then(|t| t.query()),
-                body: req.body.clone(),
+                body: req.body,
             };
             forward(&state, endpoint, out, &rid, started).await
         }

@@ -9,7 +9,7 @@
 //! - Spans are offsets into the buffer parsed, which the head is later cut from unchanged.
 
 use super::MAX_HEADERS;
-use crate::client::wire::{drop_named_in_connection, is_hop_by_hop, Fields};
+use crate::client::wire::{drop_named_in_connection, is_hop_by_hop, ConnectionOptions, Fields};
 use crate::proxy::parse::Endpoint;
 use crate::proxy::RawRequest;
 use bytes::Bytes;
@@ -98,7 +98,7 @@ pub fn parse(buf: &[u8], limit: usize, rid_name: &[u8]) -> Parsed {
         fields: Vec::with_capacity(req.headers.len()),
     };
     let mut body_len: Option<usize> = None;
-    let mut listed = false;
+    let mut connection = ConnectionOptions::default();
     for f in req.headers.iter() {
         let name = f.name.as_bytes();
         if name.eq_ignore_ascii_case(b"content-length") {
@@ -115,15 +115,9 @@ pub fn parse(buf: &[u8], limit: usize, rid_name: &[u8]) -> Parsed {
         {
             return Parsed::HandOff;
         } else if name.eq_ignore_ascii_case(b"connection") {
-            for token in f.value.split(|&b| b == b',') {
-                let token = token.trim_ascii();
-                if token.eq_ignore_ascii_case(b"close") {
-                    head.close = true;
-                } else if token.eq_ignore_ascii_case(b"upgrade") {
-                    return Parsed::HandOff;
-                } else if !token.is_empty() && !token.eq_ignore_ascii_case(b"keep-alive") {
-                    listed = true;
-                }
+            connection.add(f.value);
+            if connection.upgrade {
+                return Parsed::HandOff;
             }
         } else if name.eq_ignore_ascii_case(rid_name) {
             // The first one counts, as a header map's `get` would have it; none is forwarded.
@@ -138,7 +132,8 @@ pub fn parse(buf: &[u8], limit: usize, rid_name: &[u8]) -> Parsed {
             head.fields.push((n, nl, v, vl));
         }
     }
-    if listed {
+    head.close = connection.close;
+    if connection.names_fields {
         drop_named_in_connection(req.headers, buf, &mut head.fields);
     }
     match body_len {
