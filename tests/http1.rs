@@ -47,6 +47,13 @@ async fn fill(conn: &mut TcpStream, buf: &mut Vec<u8>, deadline: tokio::time::In
 }
 
 /// Reads one answer (Content-Length or chunked) from `conn`, keeping extra bytes in `buf`.
+/// A gateway in front of `a`, and a client connection to it.
+async fn connected(a: &Mock) -> (Gateway, TcpStream) {
+    let gw = Gateway::start(config_for(&[a.url()])).await;
+    let conn = TcpStream::connect(gw.addr).await.unwrap();
+    (gw, conn)
+}
+
 async fn read_answer(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Answer {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let (status, headers, head_len) = loop {
@@ -121,8 +128,7 @@ async fn read_answer(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Answer {
 #[tokio::test]
 async fn pipelined_requests_are_answered_in_order() {
     let a = Mock::start("a").await;
-    let gw = Gateway::start(config_for(&[a.url()])).await;
-    let mut conn = TcpStream::connect(gw.addr).await.unwrap();
+    let (_gw, mut conn) = connected(&a).await;
     let mut wire = String::new();
     for i in 0..3 {
         wire.push_str(&post(
@@ -151,8 +157,7 @@ async fn pipelined_requests_are_answered_in_order() {
 #[tokio::test]
 async fn a_request_trickling_in_byte_by_byte_is_served() {
     let a = Mock::start("a").await;
-    let gw = Gateway::start(config_for(&[a.url()])).await;
-    let mut conn = TcpStream::connect(gw.addr).await.unwrap();
+    let (_gw, mut conn) = connected(&a).await;
     conn.set_nodelay(true).unwrap();
     for b in post("/v1/completions", r#"{"model":"m","prompt":"hello"}"#, "").bytes() {
         conn.write_all(&[b]).await.unwrap();
@@ -174,8 +179,7 @@ async fn streamed_answers_are_chunked_and_complete() {
         chunks: 4,
         delay: Duration::from_millis(20),
     });
-    let gw = Gateway::start(config_for(&[a.url()])).await;
-    let mut conn = TcpStream::connect(gw.addr).await.unwrap();
+    let (_gw, mut conn) = connected(&a).await;
     let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
     let mut buf = Vec::new();
     // Twice on one connection: the connection stays usable after a chunked answer.
@@ -198,8 +202,7 @@ async fn streamed_answers_are_chunked_and_complete() {
 #[tokio::test]
 async fn other_requests_on_the_same_connection_go_to_hyper() {
     let a = Mock::start("a").await;
-    let gw = Gateway::start(config_for(&[a.url()])).await;
-    let mut conn = TcpStream::connect(gw.addr).await.unwrap();
+    let (_gw, mut conn) = connected(&a).await;
     // A proxied POST, then a GET of another route, then a chunked POST, in one write.
     let chunked = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{CHAT}\r\n0\r\n\r\n",
@@ -266,8 +269,7 @@ async fn requests_not_served_directly_get_hypers_answers() {
 #[tokio::test]
 async fn connection_close_is_honoured() {
     let a = Mock::start("a").await;
-    let gw = Gateway::start(config_for(&[a.url()])).await;
-    let mut conn = TcpStream::connect(gw.addr).await.unwrap();
+    let (_gw, mut conn) = connected(&a).await;
     conn.write_all(post("/v1/chat/completions", CHAT, "connection: close\r\n").as_bytes())
         .await
         .unwrap();
@@ -287,8 +289,7 @@ async fn connection_close_is_honoured() {
 #[tokio::test]
 async fn errors_are_framed_and_keep_the_connection() {
     let a = Mock::start("a").await;
-    let gw = Gateway::start(config_for(&[a.url()])).await;
-    let mut conn = TcpStream::connect(gw.addr).await.unwrap();
+    let (_gw, mut conn) = connected(&a).await;
     let mut buf = Vec::new();
     conn.write_all(post("/v1/chat/completions", "{not json", "").as_bytes())
         .await
@@ -307,8 +308,7 @@ async fn errors_are_framed_and_keep_the_connection() {
 #[tokio::test]
 async fn only_end_to_end_fields_reach_the_instance() {
     let a = Mock::start("a").await;
-    let gw = Gateway::start(config_for(&[a.url()])).await;
-    let mut conn = TcpStream::connect(gw.addr).await.unwrap();
+    let (_gw, mut conn) = connected(&a).await;
     let extra = "Connection: keep-alive, X-Hop\r\nX-Hop: 1\r\nTE: trailers\r\nKeep-Alive: timeout=5\r\n\
                  Proxy-Authorization: p\r\nX-Keep: k\r\nX-Request-Id: mine\r\nX-Request-Id: second\r\n";
     conn.write_all(post("/v1/chat/completions?api-version=2", CHAT, extra).as_bytes())

@@ -284,20 +284,13 @@ mod tests {
         );
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("999"));
         h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
-        let mut out = BytesMut::new();
-        fn fields(h: &HeaderMap) -> Vec<(&[u8], &[u8])> {
-            h.iter()
-                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
-                .collect()
-        }
-        encode_head(
-            &mut out,
-            StatusCode::OK,
-            fields(&h).into_iter(),
-            Framing::Chunked,
-            false,
-        );
-        let text = std::str::from_utf8(&out).unwrap();
+        let head = |status, framing, close| {
+            let mut out = BytesMut::new();
+            let fields = h.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
+            encode_head(&mut out, status, fields, framing, close);
+            String::from_utf8(out.to_vec()).unwrap()
+        };
+        let text = head(StatusCode::OK, Framing::Chunked, false);
         assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
         assert!(text.contains("content-type: text/event-stream\r\n"));
         assert!(text.contains("transfer-encoding: chunked\r\n"));
@@ -307,15 +300,7 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("\r\n\r\n"));
-        out.clear();
-        encode_head(
-            &mut out,
-            StatusCode::NO_CONTENT,
-            fields(&h).into_iter(),
-            Framing::None,
-            true,
-        );
-        let text = std::str::from_utf8(&out).unwrap();
+        let text = head(StatusCode::NO_CONTENT, Framing::None, true);
         assert!(text.starts_with("HTTP/1.1 204 No Content\r\n"), "{text}");
         assert!(!text.contains("content-length") && !text.contains("transfer-encoding"));
         assert!(text.contains("connection: close\r\n"));
