@@ -22,7 +22,7 @@ pub mod wire;
 
 use body::UpstreamBody;
 use bytes::{BufMut, Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use pool::{Conn, Home};
 use std::io::IoSlice;
@@ -112,23 +112,10 @@ pub struct Outgoing<'a> {
 pub struct UpstreamResponse {
     /// Status code.
     pub status: StatusCode,
-    /// HTTP/1.0 or HTTP/1.1.
-    pub version: Version,
     /// End-to-end header fields, as received.
     pub fields: Fields,
     /// The body, read from the connection as it is polled.
     pub body: UpstreamBody,
-}
-
-impl UpstreamResponse {
-    /// As an `http` response (the fields copied into a header map).
-    pub fn into_http(self) -> Response<UpstreamBody> {
-        let mut resp = Response::new(self.body);
-        *resp.status_mut() = self.status;
-        *resp.version_mut() = self.version;
-        *resp.headers_mut() = self.fields.to_header_map();
-        resp
-    }
 }
 
 /// Pooled client shared by the proxy and the background checkers. Cheap to clone.
@@ -313,7 +300,6 @@ async fn exchange(
                 let body = UpstreamBody::new(conn, h.framing, h.reusable);
                 return Ok(UpstreamResponse {
                     status,
-                    version: h.version,
                     fields: h.fields,
                     body,
                 });
@@ -430,7 +416,7 @@ mod tests {
         authority: &str,
         body: Bytes,
         first_byte: Duration,
-    ) -> Result<http::Response<UpstreamBody>, SendError> {
+    ) -> Result<UpstreamResponse, SendError> {
         let host = HeaderValue::from_str(authority).unwrap();
         let headers = HeaderMap::new();
         let out = Outgoing {
@@ -442,17 +428,14 @@ mod tests {
             extra: None,
             body: &body,
         };
-        c.send_to(out, first_byte)
-            .await
-            .map(UpstreamResponse::into_http)
+        c.send_to(out, first_byte).await
     }
 
     async fn post(c: &HttpClient, authority: &str) -> Result<(StatusCode, Bytes), SendError> {
         let body = Bytes::from_static(b"{\"prompt\":\"x\"}");
         let resp = post_with(c, authority, body, Duration::from_secs(5)).await?;
-        let status = resp.status();
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        Ok((status, body))
+        let body = resp.body.collect().await.unwrap().to_bytes();
+        Ok((resp.status, body))
     }
 
     #[tokio::test]
@@ -500,6 +483,7 @@ mod tests {
         let (addr, _) = server(1, Duration::from_secs(10)).await;
         let err = post_with(&client(), &addr, Bytes::new(), Duration::from_millis(100))
             .await
+            .map(|r| r.status)
             .unwrap_err();
         assert!(matches!(err, SendError::Timeout), "{err:?}");
     }
@@ -511,7 +495,7 @@ mod tests {
         let resp = post_with(&client(), &addr, big, Duration::from_secs(5))
             .await
             .unwrap();
-        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.status, StatusCode::OK);
     }
 
     #[tokio::test]

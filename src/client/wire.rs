@@ -15,7 +15,7 @@
 use super::OutHeaders;
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 
 /// Largest response head accepted.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -52,8 +52,6 @@ pub enum Framing {
 pub struct Head {
     /// Status code.
     pub status: StatusCode,
-    /// HTTP/1.0 or HTTP/1.1.
-    pub version: Version,
     /// The end-to-end header fields.
     pub fields: Fields,
     /// How the body is framed.
@@ -334,15 +332,11 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
     let code = code.ok_or_else(|| WireError::Invalid("no status".into()))?;
     let status =
         StatusCode::from_u16(code).map_err(|_| WireError::Invalid(format!("status {code}")))?;
-    let version = if minor == Some(1) {
-        Version::HTTP_11
-    } else {
-        Version::HTTP_10
-    };
-    let close = if version == Version::HTTP_10 {
-        !connection.keep_alive || connection.close
-    } else {
+    // HTTP/1.0 closes unless asked to keep the connection alive.
+    let close = if minor == Some(1) {
         connection.close
+    } else {
+        !connection.keep_alive || connection.close
     };
     let framing = if *method == Method::HEAD
         || status.is_informational()
@@ -367,7 +361,6 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
     };
     Ok(Some(Head {
         status,
-        version,
         fields: Fields { head, spans },
         framing,
         // After 101 the connection speaks another protocol.
