@@ -334,21 +334,26 @@ async fn exchange(
     }
 }
 
-/// Writes `head` then `rest` completely, with as few system calls as the socket allows.
-async fn write_all(stream: &mut TcpStream, head: &[u8], rest: &[u8]) -> std::io::Result<()> {
-    let mut done = 0usize;
-    let total = head.len() + rest.len();
-    while done < total {
-        let n = if done < head.len() {
-            let slices = [IoSlice::new(&head[done..]), IoSlice::new(rest)];
-            stream.write_vectored(&slices).await?
+/// Writes `a` then `b` in full, with vectored writes (a plain write once either is done), to an
+/// instance or, for the HTTP/1.1 loop, to a client.
+pub(crate) async fn write_all(stream: &mut TcpStream, a: &[u8], b: &[u8]) -> std::io::Result<()> {
+    let (mut a, mut b) = (a, b);
+    while !a.is_empty() || !b.is_empty() {
+        let n = if a.is_empty() {
+            stream.write(b).await?
+        } else if b.is_empty() {
+            stream.write(a).await?
         } else {
-            stream.write(&rest[done - head.len()..]).await?
+            stream
+                .write_vectored(&[IoSlice::new(a), IoSlice::new(b)])
+                .await?
         };
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
-        done += n;
+        let from_a = n.min(a.len());
+        a = &a[from_a..];
+        b = &b[n - from_a..];
     }
     Ok(())
 }

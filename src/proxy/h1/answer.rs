@@ -10,6 +10,7 @@
 //!   [`MAX_HEAD_BYTES`], beyond which the socket is not read until the answer ends.
 
 use super::{MAX_HEAD_BYTES, READ_RESERVE};
+use crate::client::write_all;
 use crate::proxy::body::GatewayBody;
 use crate::proxy::reply::Reply;
 use bytes::BytesMut;
@@ -17,8 +18,7 @@ use futures_util::FutureExt;
 use http::StatusCode;
 use http_body::Body;
 use http_body_util::BodyExt;
-use std::io::{self, IoSlice};
-use tokio::io::AsyncWriteExt;
+use std::io;
 use tokio::net::TcpStream;
 
 /// Data frames up to this size are copied behind the pending head or chunk prefix and sent with
@@ -235,29 +235,6 @@ impl ChunkSize {
     fn as_bytes(&self) -> &[u8] {
         &self.buf[self.start..]
     }
-}
-
-/// Writes `a` then `b` in full, with vectored writes.
-async fn write_all(stream: &mut TcpStream, a: &[u8], b: &[u8]) -> io::Result<()> {
-    let (mut a, mut b) = (a, b);
-    while !a.is_empty() || !b.is_empty() {
-        let n = if a.is_empty() {
-            stream.write(b).await?
-        } else if b.is_empty() {
-            stream.write(a).await?
-        } else {
-            stream
-                .write_vectored(&[IoSlice::new(a), IoSlice::new(b)])
-                .await?
-        };
-        if n == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        let from_a = n.min(a.len());
-        a = &a[from_a..];
-        b = &b[n - from_a..];
-    }
-    Ok(())
 }
 
 #[cfg(test)]
