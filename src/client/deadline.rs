@@ -135,6 +135,15 @@ pin_project_lite::pin_project! {
     }
 }
 
+/// A Tokio timer for `at`, polled once so that it wakes the task; [`Elapsed`] if already due.
+fn timer(at: Instant, cx: &mut Context<'_>) -> Result<Pin<Box<tokio::time::Sleep>>, Elapsed> {
+    let mut sleep = Box::pin(tokio::time::sleep_until(at.into()));
+    match sleep.as_mut().poll(cx) {
+        Poll::Ready(()) => Err(Elapsed),
+        Poll::Pending => Ok(sleep),
+    }
+}
+
 impl<F: Future> Future for Within<F> {
     type Output = Result<F::Output, Elapsed>;
 
@@ -165,13 +174,10 @@ impl<F: Future> Future for Within<F> {
                 });
                 *this.wait = match slot {
                     Some(i) => Wait::Slot(i),
-                    None => {
-                        let mut sleep = Box::pin(tokio::time::sleep_until(at.into()));
-                        if sleep.as_mut().poll(cx).is_ready() {
-                            return Poll::Ready(Err(Elapsed));
-                        }
-                        Wait::Timer(sleep)
-                    }
+                    None => match timer(at, cx) {
+                        Ok(sleep) => Wait::Timer(sleep),
+                        Err(e) => return Poll::Ready(Err(e)),
+                    },
                 };
                 Poll::Pending
             }
@@ -193,16 +199,17 @@ impl<F: Future> Future for Within<F> {
                     Some(false) => Poll::Pending,
                     // Polled off the thread that holds its slot (not on a current-thread
                     // runtime): a timer takes over.
-                    None => {
-                        let mut sleep = Box::pin(tokio::time::sleep_until((*this.at).into()));
-                        let done = sleep.as_mut().poll(cx).is_ready();
-                        *this.wait = Wait::Timer(sleep);
-                        if done {
-                            Poll::Ready(Err(Elapsed))
-                        } else {
+                    None => match timer(*this.at, cx) {
+                        Ok(sleep) => {
+                            *this.wait = Wait::Timer(sleep);
                             Poll::Pending
                         }
-                    }
+                        Err(e) => {
+                            // The slot is not this thread's: dropping must not free one.
+                            *this.wait = Wait::Unarmed;
+                            Poll::Ready(Err(e))
+                        }
+                    },
                 }
             }
             Wait::Timer(sleep) => match sleep.as_mut().poll(cx) {
