@@ -118,7 +118,7 @@ pub struct RawRequest {
 
 /// [`handle`] for a request [`h1`] read: the same checks, errors and forwarding, without a
 /// header map.
-pub async fn handle_raw(state: AppState, endpoint: Endpoint, req: RawRequest) -> Reply {
+pub async fn handle_raw(state: &AppState, endpoint: Endpoint, req: RawRequest) -> Reply {
     let started = Instant::now();
     let rid = headers::request_id(req.request_id.as_ref());
     // Checked without an async block around `forward`: its future is large, and each enclosing
@@ -131,11 +131,11 @@ pub async fn handle_raw(state: AppState, endpoint: Endpoint, req: RawRequest) ->
                 query: req.target.as_ref().and_then(|t| t.query()),
                 body: req.body,
             };
-            forward(&state, endpoint, out, &rid, started).await
+            forward(state, endpoint, out, &rid, started).await
         }
         Err(media) => Err(GatewayError::UnsupportedMediaType(media)),
     };
-    answer(&state, endpoint, result, rid)
+    answer(state, endpoint, result, rid)
 }
 
 /// The reply to a request with id `rid`: the forwarded answer, or the error's, counted and

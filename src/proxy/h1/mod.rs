@@ -104,8 +104,7 @@ pub async fn serve(mut stream: TcpStream, conns: Connections, watcher: Watcher) 
         let endpoint = head.endpoint;
         let close = head.close;
         let req = head::request(head, head_bytes, body);
-        let state = conns.service.state().clone();
-        let reply = super::handle_raw(state, endpoint, req).await;
+        let reply = super::handle_raw(conns.service.state(), endpoint, req).await;
         let close = close || conns.drain.is_cancelled();
         if answer::write(&mut stream, &mut buf, reply, close)
             .await
