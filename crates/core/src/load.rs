@@ -8,8 +8,15 @@
 //!   for it.
 //! - Rate estimates start at configured values and move by bounded EWMA steps from observations.
 
+mod decode;
+mod fit;
+mod outputs;
 mod rates;
 
+pub use decode::{
+    DecodeEstimator, DecodeObservation, DecodeRateConfig, DecodeRates, DecodeView, InvalidDecodeRate,
+};
+pub use outputs::OutputLengths;
 pub use rates::{RateConfig, RateEstimator};
 
 use crate::{InstanceId, Millis};
@@ -25,6 +32,34 @@ pub struct RouterLoad {
     pub pending_prefill_tokens: u64,
     /// Requests past their first token (decoding).
     pub decoding: u32,
+    /// Context tokens of the decoding requests (each: its prompt plus half its expected output,
+    /// its mean context over its decode), what every decode step reads.
+    pub decoding_context_tokens: u64,
+    /// Expected output tokens of the decoding requests, in total (half of it is what they still
+    /// have to produce, on average).
+    pub decoding_output_tokens: u64,
+}
+
+/// What a dispatched request will occupy on its instance.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestSize {
+    /// Prompt tokens it must prefill there (not cached).
+    pub uncached_prefill_tokens: u64,
+    /// Its mean context while it decodes: prompt tokens plus half its expected output.
+    pub decode_context_tokens: u64,
+    /// Output tokens it is expected to produce.
+    pub expected_output_tokens: u64,
+}
+
+impl RequestSize {
+    /// A request of `prompt_tokens`, `uncached` of them to prefill, expected to produce `output`.
+    pub fn new(prompt_tokens: u64, uncached: u64, output: u64) -> Self {
+        Self {
+            uncached_prefill_tokens: uncached,
+            decode_context_tokens: prompt_tokens.saturating_add(output / 2),
+            expected_output_tokens: output,
+        }
+    }
 }
 
 /// Load scraped from the engine (`/metrics` or SGLang `/v1/loads`).
@@ -56,6 +91,8 @@ struct Slot {
     in_flight: AtomicU32,
     pending_prefill_tokens: AtomicU64,
     decoding: AtomicU32,
+    decoding_context_tokens: AtomicU64,
+    decoding_output_tokens: AtomicU64,
 }
 
 impl LoadTracker {
@@ -80,22 +117,35 @@ impl LoadTracker {
                 in_flight: s.in_flight.load(Ordering::Relaxed),
                 pending_prefill_tokens: s.pending_prefill_tokens.load(Ordering::Relaxed),
                 decoding: s.decoding.load(Ordering::Relaxed),
+                decoding_context_tokens: s.decoding_context_tokens.load(Ordering::Relaxed),
+                decoding_output_tokens: s.decoding_output_tokens.load(Ordering::Relaxed),
             },
             None => RouterLoad::default(),
         }
     }
-    /// Records a dispatch of a request with `uncached_prefill_tokens` to compute; the returned
-    /// guard undoes it when dropped.
+    /// Records a dispatch of a request with `uncached_prefill_tokens` to compute and nothing
+    /// known of its decode; the returned guard undoes it when dropped.
     pub fn dispatch(
         self: &Arc<Self>,
         instance: InstanceId,
         uncached_prefill_tokens: u64,
     ) -> LoadGuard {
+        self.dispatch_sized(
+            instance,
+            RequestSize {
+                uncached_prefill_tokens,
+                ..RequestSize::default()
+            },
+        )
+    }
+
+    /// Records a dispatch of a request of `size`; the returned guard undoes it when dropped.
+    pub fn dispatch_sized(self: &Arc<Self>, instance: InstanceId, size: RequestSize) -> LoadGuard {
         let tracked = match self.slots.get(instance.index()) {
             Some(s) => {
                 s.in_flight.fetch_add(1, Ordering::Relaxed);
                 s.pending_prefill_tokens
-                    .fetch_add(uncached_prefill_tokens, Ordering::Relaxed);
+                    .fetch_add(size.uncached_prefill_tokens, Ordering::Relaxed);
                 true
             }
             None => false,
@@ -104,7 +154,7 @@ impl LoadTracker {
             tracker: Arc::clone(self),
             instance,
             tracked,
-            pending: uncached_prefill_tokens,
+            size,
             prefilling: true,
             decoding: false,
         }
@@ -119,8 +169,9 @@ pub struct LoadGuard {
     instance: InstanceId,
     /// False when the instance id was out of range at dispatch: nothing was added.
     tracked: bool,
-    /// Prefill tokens this guard added to `pending_prefill_tokens`.
-    pending: u64,
+    /// What this guard adds: its prefill tokens to `pending_prefill_tokens` until the first
+    /// token, then its context and expected output to the decoding counters.
+    size: RequestSize,
     /// Still counted in `pending_prefill_tokens`.
     prefilling: bool,
     /// Counted in `decoding`.
@@ -138,8 +189,12 @@ impl LoadGuard {
         self.decoding = true;
         if let Some(s) = self.slot() {
             s.pending_prefill_tokens
-                .fetch_sub(self.pending, Ordering::Relaxed);
+                .fetch_sub(self.size.uncached_prefill_tokens, Ordering::Relaxed);
             s.decoding.fetch_add(1, Ordering::Relaxed);
+            s.decoding_context_tokens
+                .fetch_add(self.size.decode_context_tokens, Ordering::Relaxed);
+            s.decoding_output_tokens
+                .fetch_add(self.size.expected_output_tokens, Ordering::Relaxed);
         }
     }
     /// The instance this guard accounts against.
@@ -152,7 +207,11 @@ impl LoadGuard {
     }
     /// Uncached prefill tokens this request was dispatched with.
     pub fn prefill_tokens(&self) -> u64 {
-        self.pending
+        self.size.uncached_prefill_tokens
+    }
+    /// What this request was dispatched with.
+    pub fn size(&self) -> RequestSize {
+        self.size
     }
     fn slot(&self) -> Option<&Slot> {
         if self.tracked {
@@ -169,10 +228,14 @@ impl Drop for LoadGuard {
             s.in_flight.fetch_sub(1, Ordering::Relaxed);
             if self.prefilling {
                 s.pending_prefill_tokens
-                    .fetch_sub(self.pending, Ordering::Relaxed);
+                    .fetch_sub(self.size.uncached_prefill_tokens, Ordering::Relaxed);
             }
             if self.decoding {
                 s.decoding.fetch_sub(1, Ordering::Relaxed);
+                s.decoding_context_tokens
+                    .fetch_sub(self.size.decode_context_tokens, Ordering::Relaxed);
+                s.decoding_output_tokens
+                    .fetch_sub(self.size.expected_output_tokens, Ordering::Relaxed);
             }
         }
     }
@@ -182,7 +245,7 @@ impl std::fmt::Debug for LoadGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LoadGuard")
             .field("instance", &self.instance)
-            .field("pending", &self.pending)
+            .field("size", &self.size)
             .field("prefilling", &self.prefilling)
             .field("decoding", &self.decoding)
             .finish()
@@ -213,7 +276,8 @@ mod tests {
             RouterLoad {
                 in_flight: 2,
                 pending_prefill_tokens: 150,
-                decoding: 0
+                decoding: 0,
+                ..RouterLoad::default()
             }
         );
         g.first_token();
@@ -223,7 +287,8 @@ mod tests {
             RouterLoad {
                 in_flight: 2,
                 pending_prefill_tokens: 50,
-                decoding: 1
+                decoding: 1,
+                ..RouterLoad::default()
             }
         );
         drop(g2);
@@ -232,7 +297,8 @@ mod tests {
             RouterLoad {
                 in_flight: 1,
                 pending_prefill_tokens: 0,
-                decoding: 1
+                decoding: 1,
+                ..RouterLoad::default()
             }
         );
         drop(g);

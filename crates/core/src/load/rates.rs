@@ -20,6 +20,7 @@
 //! Invariants: pure (no clock); bounded (one entry per instance, ids beyond
 //! [`crate::index::MAX_INSTANCES`] ignored); rates always finite and inside their ranges.
 
+use super::fit::{clamp, Fit, Shape};
 use super::InstanceRates;
 use crate::InstanceId;
 use parking_lot::RwLock;
@@ -115,158 +116,42 @@ impl RateConfig {
 
     fn initial_fit(&self) -> Fit {
         let theta = self.configured_theta();
-        let mut xtx = [[0.0; 3]; 3];
-        let mut xty = [0.0; 3];
-        for i in 0..3 {
-            let w = PRIOR_OBSERVATIONS * PRIOR_FEATURE_SCALE[i] * PRIOR_FEATURE_SCALE[i];
-            xtx[i][i] = w;
-            xty[i] = w * theta[i];
-        }
-        Fit {
-            theta,
-            xtx,
-            xty,
-            mean_abs_residual: (theta[0] + theta[1]).max(1.0),
-        }
+        Fit::prior(theta, &self.shape(), (theta[0] + theta[1]).max(1.0))
     }
-}
 
-impl Fit {
-    /// A fit with no observations of its own, at `pool`'s estimate.
-    fn anchored_on(pool: &Fit) -> Fit {
-        Fit {
-            theta: pool.theta,
-            xtx: [[0.0; 3]; 3],
-            xty: [0.0; 3],
-            mean_abs_residual: pool.mean_abs_residual,
+    /// The parameters' bounds: a rate inside its range, no negative costs.
+    fn shape(&self) -> Shape {
+        Shape {
+            prior_feature_scale: PRIOR_FEATURE_SCALE,
+            lo: [0.0, 1e6 / self.max_prefill_tokens_per_s.max(1e-9), 0.0],
+            hi: [
+                self.max_overhead_ms,
+                1e6 / self.min_prefill_tokens_per_s.max(1e-9),
+                self.max_decode_interference_ms * DECODE_SCALE,
+            ],
         }
     }
-}
 
-fn clamp(x: f64, lo: f64, hi: f64) -> f64 {
-    let lo = if lo.is_finite() { lo } else { 0.0 };
-    let hi = if hi.is_finite() && hi >= lo { hi } else { lo };
-    if x.is_nan() {
-        lo
-    } else {
-        x.clamp(lo, hi)
-    }
-}
-
-/// One instance's regression state: exponentially weighted sufficient statistics of the least
-/// squares problem (seeded with pseudo-observations of the configured values). Unlike the textbook
-/// recursive (covariance-update) form, the statistics stay positive semi-definite under any
-/// sequence of observations, so the fit cannot go numerically unstable.
-#[derive(Clone, Copy, Debug)]
-struct Fit {
-    /// `[c, a, b]`: overhead ms, ms per thousand tokens, ms per `DECODE_SCALE` decoding sequences.
-    theta: [f64; 3],
-    /// Σ λᵏ x xᵀ.
-    xtx: [[f64; 3]; 3],
-    /// Σ λᵏ x y.
-    xty: [f64; 3],
-    /// Running mean absolute residual, the scale for outlier clipping.
-    mean_abs_residual: f64,
-}
-
-/// The configured values enter as this many pseudo-observations, forgotten like real ones: a
-/// couple of observations already move an instance away from the guess, and after a few hundred
-/// the guess no longer biases the fit.
-const PRIOR_OBSERVATIONS: f64 = 2.0;
-
-/// Typical magnitude of each feature (1, thousands of tokens of work, decoding sequences / 8),
-/// which sizes the pseudo-observations.
-const PRIOR_FEATURE_SCALE: [f64; 3] = [1.0, 2.0, 1.0];
-
-/// A permanent ridge towards the configured values, relative to each feature's weight: too small
-/// to bias the fit, but it keeps a degenerate design (say, every request with the same work)
-/// solvable, picking the solution nearest the configured values.
-const PERMANENT_RIDGE: f64 = 1e-4;
-
-impl Fit {
-    fn rates(&self, cfg: &RateConfig) -> InstanceRates {
+    fn rates_of(&self, fit: &Fit) -> InstanceRates {
         InstanceRates {
             prefill_tokens_per_s: clamp(
-                1e6 / self.theta[1].max(1e-9),
-                cfg.min_prefill_tokens_per_s,
-                cfg.max_prefill_tokens_per_s,
+                1e6 / fit.theta[1].max(1e-9),
+                self.min_prefill_tokens_per_s,
+                self.max_prefill_tokens_per_s,
             ),
             decode_interference_ms: clamp(
-                self.theta[2] / DECODE_SCALE,
+                fit.theta[2] / DECODE_SCALE,
                 0.0,
-                cfg.max_decode_interference_ms,
+                self.max_decode_interference_ms,
             ),
         }
     }
-
-    /// Folds one observation into the statistics (clipped against the current fit).
-    fn accumulate(&mut self, cfg: &RateConfig, x: [f64; 3], y: f64) {
-        let lambda = clamp(cfg.forgetting, 0.5, 1.0);
-        let pred: f64 = (0..3).map(|i| self.theta[i] * x[i]).sum();
-        let clip = clamp(cfg.outlier_clip, 0.1, 1e6) * self.mean_abs_residual;
-        let raw = y - pred;
-        let y = pred + raw.clamp(-clip, clip);
-        self.mean_abs_residual =
-            (0.95 * self.mean_abs_residual + 0.05 * raw.abs().min(10.0 * clip)).clamp(0.1, 1e9);
-        for i in 0..3 {
-            for j in 0..3 {
-                self.xtx[i][j] = lambda * self.xtx[i][j] + x[i] * x[j];
-            }
-            self.xty[i] = lambda * self.xty[i] + x[i] * y;
-        }
-    }
-
-    /// Re-solves `theta` with a ridge pulling towards `anchor`: `weight` observations' worth
-    /// (absolute) plus [`PERMANENT_RIDGE`] of the data's own weight.
-    fn solve(&mut self, cfg: &RateConfig, anchor: [f64; 3], weight: f64) {
-        let mut m = self.xtx;
-        let mut v = self.xty;
-        for i in 0..3 {
-            let scale = (self.xtx[i][i] * PERMANENT_RIDGE
-                + weight * PRIOR_FEATURE_SCALE[i] * PRIOR_FEATURE_SCALE[i])
-                .max(1e-9);
-            m[i][i] += scale;
-            v[i] += scale * anchor[i];
-        }
-        let Some(mut theta) = solve3(m, v) else {
-            return;
-        };
-        // Keep the parameters physical: a rate inside its bounds, no negative costs.
-        let a_lo = 1e6 / cfg.max_prefill_tokens_per_s.max(1e-9);
-        let a_hi = 1e6 / cfg.min_prefill_tokens_per_s.max(1e-9);
-        theta[0] = clamp(theta[0], 0.0, cfg.max_overhead_ms);
-        theta[1] = clamp(theta[1], a_lo, a_hi);
-        theta[2] = clamp(theta[2], 0.0, cfg.max_decode_interference_ms * DECODE_SCALE);
-        self.theta = theta;
-    }
 }
 
-/// Solves `m · t = v` by Gaussian elimination with partial pivoting; `None` if singular or not
-/// finite.
-fn solve3(mut m: [[f64; 3]; 3], mut v: [f64; 3]) -> Option<[f64; 3]> {
-    for col in 0..3 {
-        let pivot = (col..3).max_by(|&a, &b| m[a][col].abs().total_cmp(&m[b][col].abs()))?;
-        if m[pivot][col].abs().is_nan() || m[pivot][col].abs() <= 1e-12 {
-            return None;
-        }
-        m.swap(col, pivot);
-        v.swap(col, pivot);
-        for row in col + 1..3 {
-            let f = m[row][col] / m[col][col];
-            let pivot_row = m[col];
-            for (dst, src) in m[row].iter_mut().zip(pivot_row).skip(col) {
-                *dst -= f * src;
-            }
-            v[row] -= f * v[col];
-        }
-    }
-    let mut t = [0.0; 3];
-    for row in (0..3).rev() {
-        let s: f64 = (row + 1..3).map(|k| m[row][k] * t[k]).sum();
-        t[row] = (v[row] - s) / m[row][row];
-    }
-    t.iter().all(|x| x.is_finite()).then_some(t)
-}
+/// Typical magnitude of each feature (1, thousands of tokens of work, decoding sequences / 8),
+/// which sizes the pseudo-observations. `theta` is `[c, a, b]`: overhead ms, ms per thousand
+/// tokens, ms per `DECODE_SCALE` decoding sequences.
+const PRIOR_FEATURE_SCALE: [f64; 3] = [1.0, 2.0, 1.0];
 
 /// Learned rates of a fleet. `Send + Sync`.
 #[derive(Debug)]
@@ -299,11 +184,12 @@ pub struct RatesView<'a> {
 impl RatesView<'_> {
     /// Current estimate of `instance` (the pool's for unknown instances).
     pub fn rates(&self, instance: InstanceId) -> InstanceRates {
-        self.state
+        let fit = self
+            .state
             .instances
             .get(instance.index())
-            .unwrap_or(&self.state.pool)
-            .rates(self.cfg)
+            .unwrap_or(&self.state.pool);
+        self.cfg.rates_of(fit)
     }
 }
 
@@ -351,7 +237,7 @@ impl RateEstimator {
     /// Every instance's estimate, by id.
     pub fn snapshot(&self) -> Vec<InstanceRates> {
         let st = self.state.read();
-        st.instances.iter().map(|f| f.rates(&self.cfg)).collect()
+        st.instances.iter().map(|f| self.cfg.rates_of(f)).collect()
     }
 
     /// Grows the fleet to at least `instances` (new ones start at the pool's estimate).
@@ -408,18 +294,20 @@ impl RateEstimator {
         if idx >= st.instances.len() {
             return cfg.initial();
         }
-        st.pool.accumulate(cfg, x, ttft_ms);
-        st.pool.solve(cfg, cfg.configured_theta(), 0.0);
+        let shape = cfg.shape();
+        st.pool
+            .accumulate(cfg.forgetting, cfg.outlier_clip, x, ttft_ms);
+        st.pool.solve(&shape, cfg.configured_theta(), 0.0);
         let anchor = st.pool.theta;
         let f = &mut st.instances[idx];
-        f.accumulate(cfg, x, ttft_ms);
-        f.solve(cfg, anchor, pool_weight);
-        let out = f.rates(cfg);
+        f.accumulate(cfg.forgetting, cfg.outlier_clip, x, ttft_ms);
+        f.solve(&shape, anchor, pool_weight);
+        let out = cfg.rates_of(f);
         let n = st.instances.len();
         st.cursor = (st.cursor + 1) % n;
         let c = st.cursor;
         if c != idx {
-            st.instances[c].solve(cfg, anchor, pool_weight);
+            st.instances[c].solve(&shape, anchor, pool_weight);
         }
         out
     }
