@@ -19,12 +19,14 @@ fn candidate(i: u32, matched: InstanceMatch) -> Candidate {
             in_flight: i % 7,
             pending_prefill_tokens: u64::from(i % 5) * 3000,
             decoding: i % 3,
+            ..RouterLoad::default()
         },
         engine: None,
         rates: InstanceRates {
             prefill_tokens_per_s: 8000.0,
             decode_interference_ms: 0.5,
         },
+        decode: Default::default(),
         cache_capacity_blocks: None,
     }
 }
@@ -93,6 +95,7 @@ fn full_decision(c: &mut Criterion) {
                         hashes: &hashes,
                         tokens_per_block: 16,
                         prompt_tokens: tokens as u32,
+                        expected_output_tokens: 100,
                         text: b"",
                         seed: 42,
                         now: 1,
@@ -127,6 +130,7 @@ fn scoring(c: &mut Criterion) {
             hashes: &hashes,
             tokens_per_block: 16,
             prompt_tokens: 8192,
+            expected_output_tokens: 100,
             text: b"",
             seed: 7,
             now: 0,

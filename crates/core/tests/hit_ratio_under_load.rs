@@ -55,6 +55,7 @@ fn run(policy: &Kvgate, gap_ms: f64, requests: u64) -> Outcome {
                     prefill_tokens_per_s: TOKENS_PER_MS * 1000.0,
                     decode_interference_ms: 0.0,
                 },
+                decode: Default::default(),
                 cache_capacity_blocks: None,
             })
             .collect();
@@ -62,6 +63,7 @@ fn run(policy: &Kvgate, gap_ms: f64, requests: u64) -> Outcome {
             hashes: &hashes,
             tokens_per_block: TPB,
             prompt_tokens: blocks as u32 * TPB,
+            expected_output_tokens: 100,
             text: b"",
             seed: mix(k),
             now: now as u64,

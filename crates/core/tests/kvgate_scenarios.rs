@@ -24,12 +24,14 @@ fn cand(id: u32, gpu: u32, pending: u64, in_flight: u32) -> Candidate {
             in_flight,
             pending_prefill_tokens: pending,
             decoding: 0,
+            ..RouterLoad::default()
         },
         engine: None,
         rates: InstanceRates {
             prefill_tokens_per_s: RATE,
             decode_interference_ms: 1.0,
         },
+        decode: Default::default(),
         cache_capacity_blocks: None,
     }
 }
@@ -39,6 +41,7 @@ fn req(hashes: &[u64], seed: u64) -> RouteRequest<'_> {
         hashes,
         tokens_per_block: TPB,
         prompt_tokens: hashes.len() as u32 * TPB,
+        expected_output_tokens: 100,
         text: b"",
         seed,
         now: 0,

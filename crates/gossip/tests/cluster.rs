@@ -89,6 +89,7 @@ async fn replicas_score_on_each_others_load() {
             in_flight: 5,
             pending_prefill_tokens: 40_000,
             decoding: 1,
+            ..RouterLoad::default()
         },
     )]);
     let ok = wait_until(CONVERGE, || {

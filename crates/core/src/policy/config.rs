@@ -109,10 +109,51 @@ pub struct PolicyConfig {
     pub consistent_hash: ConsistentHashParams,
 }
 
+/// What the `kvgate` policy minimises.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Objective {
+    /// The request's time to first token, plus the fleet's recompute price and a low-weighted
+    /// stall of the sequences decoding beside it.
+    Ttft,
+    /// Everyone's end-to-end latency: the request's own (first token, then its decode in the batch
+    /// it joins) plus what it adds to the requests already there (its prefill stalls their
+    /// steps, its sequence lengthens every later step).
+    #[default]
+    E2e,
+    /// `e2e`, plus a price per request pushed over its time-to-first-token or time-per-output-
+    /// token target, so that as many requests as possible meet both.
+    Slo,
+}
+
+impl Objective {
+    /// The config name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Objective::Ttft => "ttft",
+            Objective::E2e => "e2e",
+            Objective::Slo => "slo",
+        }
+    }
+}
+
 /// Parameters of the default `kvgate` policy (see [`super::kvgate`] for the model).
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KvgateParams {
+    /// What the policy minimises. Default `e2e`.
+    pub objective: Objective,
+    /// Objectives `e2e` and `slo`: weight of the decode terms (the request's own decode in the
+    /// batch it joins, and what it adds to the other sequences' decode and to their steps while
+    /// it prefills) against its time to first token. Default 1.0: everyone's milliseconds count
+    /// alike.
+    pub decode_weight: f64,
+    /// Objective `slo`: time-to-first-token target, ms. Default 2000.
+    pub ttft_slo_ms: f64,
+    /// Objective `slo`: time-per-output-token target, ms. Default 100.
+    pub tpot_slo_ms: f64,
+    /// Objective `slo`: price of one request missing a target, ms. Default 30 000.
+    pub slo_penalty_ms: f64,
     /// Fraction of a GPU-resident block's prefill saved by a hit. Default 1.0.
     pub gpu_credit: f64,
     /// Fraction saved by a block in CPU offload (the transfer costs the rest). Default 0.8.
@@ -157,6 +198,11 @@ pub struct KvgateParams {
 impl Default for KvgateParams {
     fn default() -> Self {
         Self {
+            objective: Objective::E2e,
+            decode_weight: 1.0,
+            ttft_slo_ms: 2000.0,
+            tpot_slo_ms: 100.0,
+            slo_penalty_ms: 30_000.0,
             gpu_credit: 1.0,
             cpu_credit: 0.8,
             disk_credit: 0.5,
@@ -210,6 +256,10 @@ impl KvgateParams {
             ("engine_waiting_tokens", self.engine_waiting_tokens),
             ("tie_epsilon_ms", self.tie_epsilon_ms),
             ("tie_relative", self.tie_relative),
+            ("decode_weight", self.decode_weight),
+            ("ttft_slo_ms", self.ttft_slo_ms),
+            ("tpot_slo_ms", self.tpot_slo_ms),
+            ("slo_penalty_ms", self.slo_penalty_ms),
         ];
         for (field, v) in non_negative {
             if !(v.is_finite() && v >= 0.0) {

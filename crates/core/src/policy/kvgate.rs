@@ -15,11 +15,38 @@
 //! base_c     = fleet_weight if c has requests in flight, idle_fleet_weight (default 0) if not
 //! replica_c  = −replica_credit × redo_c / r_c   if c has nothing in flight and the best match is
 //!              held by ≥ 2 instances, all with requests in flight; 0 otherwise
-//! cost_c     = ttft_c + stall_c + fleet_c + replica_c
+//! cost_c     = ttft_c + stall_c + fleet_c + replica_c                       (objective ttft)
 //! ```
 //!
 //! `w_c` is the number of requests waiting for their first token on `c`: router-tracked plus
 //! foreign waiting requests; `decoding_c` the sequences past their first token there.
+//!
+//! With the `e2e` objective (the default) the cost covers the whole request and what it does to
+//! the others on `c` (`o` expected output tokens, `ctx` = prompt + o/2 its mean context while
+//! decoding, `K_c` the decoding sequences' total context, `D_c` the learned decode step model
+//! `tpot(seqs, context) = step + per_seq·seqs + per_kctx·context/1000`):
+//!
+//! ```text
+//! stall_c    = ω × decoding_c × uncached_c / r_c              (each decoding neighbour waits out its prefill)
+//! tpot_c     = D_c.tpot(decoding_c + 1, K_c + ctx)             (its own pace in the batch it joins)
+//! decode_c   = ω × (o − 1) × (tpot_c − min_k D_k.tpot(1, ctx)) (its own decode, beyond the best pace)
+//! impact_c   = ω × decoding_c × D_c.added(ctx) × min(o, left_c) (every neighbour's later steps grow)
+//! cost_c     = ttft_c + stall_c + fleet_c + replica_c + decode_c + impact_c
+//! ```
+//!
+//! `ω` is `decode_weight` (1: every user's milliseconds count alike, so the policy minimises the
+//! sum of everyone's end-to-end latency, the mean E2E); `left_c` the decoding sequences' mean
+//! remaining output (half their expected totals). The `slo` objective adds `slo_penalty_ms` for
+//! each request pushed past a target: this one if its predicted first token is later than
+//! `ttft_slo_ms` or its pace slower than `tpot_slo_ms`, and each neighbour whose pace this
+//! request pushes over `tpot_slo_ms`.
+//!
+//! Why the decode terms: a time-to-first-token cost sees an instance with few prefills queued as
+//! cheap however many sequences it is streaming, so it keeps collecting requests while its decode
+//! batch — and every sequence's time per token — grows. With long prompts each decoding sequence
+//! reads tens of thousands of tokens of KV per step, so one instance can end up decoding at a
+//! fraction of its neighbours' pace; the decode terms price exactly that, and mixed hardware
+//! (an instance that decodes slower) is priced by its learned step model.
 //!
 //! Why each term:
 //! - `ttft_c` is what this request waits there. Blocks every instance holds (a shared system prompt)
@@ -83,7 +110,7 @@
 //! engine's waiting + running in excess of the router's in-flight count for that instance, taken
 //! from the waiting queue first.
 
-use super::config::KvgateParams;
+use super::config::{KvgateParams, Objective};
 use super::util::{argmin_seeded, decision, prefilling, tie_key};
 use super::{Candidate, Decision, Policy, Reason, RouteRequest};
 
@@ -104,12 +131,27 @@ pub struct KvgateTerms {
     pub fleet_ms: f64,
     /// Value to later requests of the new replica this choice would make, ms (0 or negative).
     pub replica_ms: f64,
+    /// Its own decode after the first token at its predicted pace there, beyond the decode at the
+    /// best pace any candidate offers (the fastest with an empty batch), ms (0 under `ttft`).
+    pub decode_ms: f64,
+    /// What it adds to the decode of the sequences already there, ms (0 under `ttft`).
+    pub impact_ms: f64,
+    /// Price of the requests it pushes past a target, ms (0 unless `slo`).
+    pub slo_ms: f64,
+    /// Predicted time per output token there once it joins the batch, ms.
+    pub tpot_ms: f64,
 }
 
 impl KvgateTerms {
     /// The score: lower wins.
     pub fn cost_ms(&self) -> f64 {
-        self.ttft_ms + self.stall_ms + self.fleet_ms + self.replica_ms
+        self.ttft_ms
+            + self.stall_ms
+            + self.fleet_ms
+            + self.replica_ms
+            + self.decode_ms
+            + self.impact_ms
+            + self.slo_ms
     }
 }
 
@@ -156,6 +198,18 @@ impl Kvgate {
             }
         }
         let shared_and_busy = holders >= SHARED_HOLDERS && all_busy;
+        let whole = p.objective != Objective::Ttft;
+        let omega = if whole { p.decode_weight.max(0.0) } else { 0.0 };
+        let output = f64::from(req.expected_output_tokens.max(1));
+        let own_ctx = prompt + output / 2.0;
+        // Own decode is priced beyond the best pace any candidate offers (the fastest one with an
+        // empty batch): a constant taken off every candidate changes no choice, but left in, the
+        // relative tie (`tie_relative` of the best cost) would widen with the output length until
+        // it swallowed the differences that matter.
+        let pace_floor = candidates
+            .iter()
+            .map(|c| c.decode.tpot_ms(1.0, own_ctx))
+            .fold(f64::INFINITY, f64::min);
         out.extend(candidates.iter().map(|c| {
             let rate_per_ms = c.rates.prefill_tokens_per_s.max(1.0) / 1000.0;
             let credit = self.credit(c);
@@ -168,7 +222,8 @@ impl Kvgate {
             let ttft_ms = queued / rate_per_ms
                 + prefill_ms
                 + c.rates.decode_interference_ms.max(0.0) * decoding;
-            let stall_ms = p.stall_weight.max(0.0) * decoding * prefill_ms;
+            let stall_weight = if whole { omega } else { p.stall_weight.max(0.0) };
+            let stall_ms = stall_weight * decoding * prefill_ms;
             let redo = ((best - credit) * tpb).clamp(0.0, prompt);
             let occupied = occupancy(c) > 0;
             let base = if occupied {
@@ -183,13 +238,63 @@ impl Kvgate {
             } else {
                 0.0
             };
+            let batch = Batch::of(c, decoding, own_ctx, output);
+            let tpot_before = c.decode.tpot_ms(decoding, batch.context_tokens);
+            let added = c.decode.added_per_step_ms(own_ctx);
+            let tpot_ms = tpot_before + added;
+            let decode_ms = omega * (output - 1.0) * (tpot_ms - pace_floor).max(0.0);
+            let impact_ms = omega * decoding * added * output.min(batch.mean_left_tokens);
+            let slo_ms = if p.objective == Objective::Slo {
+                let mut missed = f64::from(u8::from(ttft_ms > p.ttft_slo_ms))
+                    + f64::from(u8::from(tpot_ms > p.tpot_slo_ms));
+                if tpot_before <= p.tpot_slo_ms && tpot_ms > p.tpot_slo_ms {
+                    missed += decoding;
+                }
+                missed * p.slo_penalty_ms
+            } else {
+                0.0
+            };
             KvgateTerms {
                 ttft_ms,
                 stall_ms,
                 fleet_ms: redo / rate_per_ms * phi,
                 replica_ms,
+                decode_ms,
+                impact_ms,
+                slo_ms,
+                tpot_ms,
             }
         }));
+    }
+}
+
+/// The decode batch a request would join on a candidate, as far as the router knows it.
+struct Batch {
+    /// Total context of the sequences decoding there, tokens.
+    context_tokens: f64,
+    /// Their mean remaining output, tokens.
+    mean_left_tokens: f64,
+}
+
+impl Batch {
+    /// `decoding` sequences (router-tracked and foreign) on `c`. Sequences the router tracks
+    /// carry their context and expected output; the others (foreign, or peers' whose sizes gossip
+    /// does not carry) are assumed to be like the tracked ones, or like this request when none is
+    /// tracked.
+    fn of(c: &Candidate, decoding: f64, own_ctx: f64, own_out: f64) -> Batch {
+        let tracked = f64::from(c.load.decoding);
+        let (mean_ctx, mean_out) = if tracked > 0.0 && c.load.decoding_context_tokens > 0 {
+            (
+                c.load.decoding_context_tokens as f64 / tracked,
+                c.load.decoding_output_tokens as f64 / tracked,
+            )
+        } else {
+            (own_ctx, own_out)
+        };
+        Batch {
+            context_tokens: mean_ctx * decoding,
+            mean_left_tokens: mean_out / 2.0,
+        }
     }
 }
 
@@ -320,9 +425,16 @@ mod tests {
         assert!((t[1].fleet_ms - 96.0).abs() < 1e-9, "{:?}", t[1]);
     }
 
+    fn ttft_only() -> Kvgate {
+        Kvgate::new(KvgateParams {
+            objective: Objective::Ttft,
+            ..Default::default()
+        })
+    }
+
     #[test]
     fn a_prefill_is_priced_for_every_sequence_decoding_beside_it() {
-        let p = Kvgate::default();
+        let p = ttft_only();
         let hashes: Vec<u64> = (0..100).collect();
         let mut busy = cand(0, 60, 0, 4);
         busy.load.decoding = 4;
@@ -341,7 +453,9 @@ mod tests {
 
     #[test]
     fn a_shared_prefix_is_replicated_onto_an_idle_instance_when_its_holders_are_busy() {
-        let p = Kvgate::default();
+        // Under `ttft`; under `e2e` the six users streaming on each holder make even the occupied
+        // non-holder the better place (tested below).
+        let p = ttft_only();
         // 64 shared blocks, 36 unique: recomputing the prefix costs 102.4 ms more prefill.
         let hashes: Vec<u64> = (0..100).collect();
         let holder = |id, pending, decoding| {
@@ -416,5 +530,80 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(terms(&off, &hashes, &cs)[2].replica_ms, 0.0);
+    }
+
+    /// A candidate decoding `seqs` sequences of `ctx_each` context tokens (expected 100 output
+    /// tokens each) with `pending` prefill tokens queued.
+    fn streaming(id: u32, pending: u64, seqs: u32, ctx_each: u64) -> Candidate {
+        let mut c = cand(id, 0, pending, seqs + u32::from(pending > 0));
+        c.load.decoding = seqs;
+        c.load.decoding_context_tokens = u64::from(seqs) * ctx_each;
+        c.load.decoding_output_tokens = u64::from(seqs) * 100;
+        c
+    }
+
+    #[test]
+    fn a_long_decode_batch_is_priced_under_e2e_but_not_under_ttft() {
+        let hashes: Vec<u64> = (0..100).collect();
+        // A: nothing queued, but 30 users streaming with 20K tokens of context each (~43 ms per
+        // token); B: 600 ms of prefill queued, 2 users streaming (~12 ms per token).
+        let cs = [streaming(0, 0, 30, 20_000), streaming(1, 6000, 2, 20_000)];
+        for seed in 0..16 {
+            let r = req(&hashes, b"", seed);
+            assert_eq!(ttft_only().decide(&r, &cs).map(|d| d.chosen.0), Some(0));
+            assert_eq!(Kvgate::default().decide(&r, &cs).map(|d| d.chosen.0), Some(1));
+        }
+        let t = terms(&Kvgate::default(), &hashes, &cs);
+        assert!(t[0].tpot_ms > 3.0 * t[1].tpot_ms, "{t:?}");
+        assert!(t[0].impact_ms > t[1].impact_ms && t[0].decode_ms > t[1].decode_ms);
+        // The reported prediction is still the time to first token.
+        let d = Kvgate::default()
+            .decide(&req(&hashes, b"", 1), &cs)
+            .expect("decision");
+        assert!((d.predicted_cost_ms - t[1].ttft_ms).abs() < 1e-9);
+        // Under ttft the decode terms are not priced at all.
+        let t = terms(&ttft_only(), &hashes, &cs);
+        assert_eq!((t[0].decode_ms, t[0].impact_ms), (0.0, 0.0));
+    }
+
+    #[test]
+    fn an_instance_that_decodes_slower_is_avoided_under_e2e() {
+        let hashes: Vec<u64> = (0..100).collect();
+        let fast = streaming(0, 0, 4, 8_000);
+        let mut slow = streaming(1, 0, 4, 8_000);
+        slow.decode.step_ms *= 2.0;
+        slow.decode.per_kctx_ms *= 2.0;
+        let cs = [fast, slow];
+        let mut ttft_picks = [0; 2];
+        for seed in 0..64 {
+            let r = req(&hashes, b"", seed);
+            assert_eq!(Kvgate::default().decide(&r, &cs).map(|d| d.chosen.0), Some(0));
+            if let Some(d) = ttft_only().decide(&r, &cs) {
+                ttft_picks[d.chosen.index()] += 1;
+            }
+        }
+        // Time to first token cannot tell them apart: seeded ties split the traffic.
+        assert!(ttft_picks[0] > 0 && ttft_picks[1] > 0, "{ttft_picks:?}");
+    }
+
+    #[test]
+    fn the_slo_objective_prices_requests_pushed_past_their_targets() {
+        let hashes: Vec<u64> = (0..100).collect();
+        let slo = Kvgate::new(KvgateParams {
+            objective: Objective::Slo,
+            tpot_slo_ms: 37.6,
+            ..Default::default()
+        });
+        // A: 25 users at 37.5 ms per token; one more sequence pushes all of them past 37.6 ms.
+        // B: 2 users, but 2.5 s of prefill queued (past the 2 s TTFT target).
+        let cs = [streaming(0, 0, 25, 20_000), streaming(1, 25_000, 2, 20_000)];
+        let t = terms(&slo, &hashes, &cs);
+        assert!(t[0].tpot_ms > 37.6, "{t:?}");
+        assert!((t[0].slo_ms - 26.0 * 30_000.0).abs() < 1e-6, "{t:?}");
+        assert!((t[1].slo_ms - 30_000.0).abs() < 1e-6, "{t:?}");
+        assert_eq!(slo.decide(&req(&hashes, b"", 1), &cs).map(|d| d.chosen.0), Some(1));
+        // Without the targets, e2e alone weighs 25 slower streams against one long wait.
+        let e2e = terms(&Kvgate::default(), &hashes, &cs);
+        assert_eq!((e2e[0].slo_ms, e2e[1].slo_ms), (0.0, 0.0));
     }
 }

@@ -22,11 +22,11 @@ pub mod util;
 
 pub use config::{
     build_policy, ConsistentHashParams, DynamoParams, InvalidKvgateParam, KvgateParams, LlmdParams,
-    PolicyConfig, PolicyName, SglangParams, UnknownPolicy,
+    Objective, PolicyConfig, PolicyName, SglangParams, UnknownPolicy,
 };
 
 use crate::index::InstanceMatch;
-use crate::load::{EngineLoad, InstanceRates, RouterLoad};
+use crate::load::{DecodeRates, EngineLoad, InstanceRates, RouterLoad};
 use crate::{BlockHash, InstanceId, Millis};
 
 /// What a policy knows about the request being routed.
@@ -38,6 +38,9 @@ pub struct RouteRequest<'a> {
     pub tokens_per_block: u32,
     /// Prompt length in tokens (exact or estimated).
     pub prompt_tokens: u32,
+    /// Output tokens the request is expected to produce (its `max_tokens`, else the pool's
+    /// learned mean).
+    pub expected_output_tokens: u32,
     /// Canonical prompt bytes (for character-based policies such as SGLang's tree).
     pub text: &'a [u8],
     /// Per-request seed for tie-breaking and sampling.
@@ -57,8 +60,10 @@ pub struct Candidate {
     pub load: RouterLoad,
     /// Engine-reported load, if any was scraped.
     pub engine: Option<EngineLoad>,
-    /// Learned (or configured) speed.
+    /// Learned (or configured) prefill speed.
     pub rates: InstanceRates,
+    /// Learned (or configured) decode speed.
+    pub decode: DecodeRates,
     /// Capacity of the instance's KV cache in blocks, if known.
     pub cache_capacity_blocks: Option<u64>,
 }

@@ -110,7 +110,7 @@ pub fn prefilling(c: &Candidate) -> u32 {
 pub(crate) mod testing {
     //! Candidate builders for policy unit tests.
     use crate::index::InstanceMatch;
-    use crate::load::{InstanceRates, RouterLoad};
+    use crate::load::{DecodeRates, InstanceRates, RouterLoad};
     use crate::policy::{Candidate, RouteRequest};
     use crate::InstanceId;
 
@@ -127,11 +127,17 @@ pub(crate) mod testing {
                 in_flight,
                 pending_prefill_tokens: pending,
                 decoding: 0,
+                ..RouterLoad::default()
             },
             engine: None,
             rates: InstanceRates {
                 prefill_tokens_per_s: 10_000.0,
                 decode_interference_ms: 1.0,
+            },
+            decode: DecodeRates {
+                step_ms: 10.0,
+                per_seq_ms: 0.1,
+                per_kctx_ms: 0.05,
             },
             cache_capacity_blocks: None,
         }
@@ -142,6 +148,7 @@ pub(crate) mod testing {
             hashes,
             tokens_per_block: 16,
             prompt_tokens: (hashes.len() as u32) * 16,
+            expected_output_tokens: 100,
             text,
             seed,
             now: 0,
