@@ -1,10 +1,11 @@
 //! Routing glue: the only module that calls the routing core.
 //!
-//! For each request: the parsed prompt becomes a block-hash chain (text or token mode), the
-//! placement index says how much of it each instance holds, the pool's policy picks among the usable
-//! instances not yet tried, the choice is recorded as a prediction in the index and as load in the
-//! tracker (an RAII guard the response body carries), and the decision is kept in a bounded log for
-//! `/admin/decisions`.
+//! For each request: the parsed prompt becomes a block-hash chain (text or token mode), the usable
+//! instances not yet tried are offered to the core's [`Router::route`] (the same decision sequence
+//! the offline simulator runs: index match, the pool's policy, prediction, load guard), gossip
+//! takes part as the router's [`Peers`], and the decision is kept in a bounded log for
+//! `/admin/decisions`. The response body reports the first token and the end of a stream back
+//! here, where they teach the prefill rates, the decode step model and the output lengths.
 //!
 //! Invariants:
 //! - Time enters the core only as [`Clock::now_ms`].
@@ -22,10 +23,11 @@ use crate::proxy::parse::{Prompt, RouteInput};
 use kvgate_core::hash::{
     hash_text_blocks, hash_token_blocks, namespace_root, CanonicalPrompt, Namespace,
 };
-use kvgate_core::index::{PlacementIndex, PrefixMatches};
-use kvgate_core::load::{InstanceRates, LoadGuard, LoadTracker, RateEstimator};
-use kvgate_core::policy::{build_policy, Candidate, Decision, Policy, RouteRequest};
-use kvgate_core::{BlockHash, InstanceId, Source};
+use kvgate_core::index::PlacementIndex;
+use kvgate_core::load::{DecodeRates, InstanceRates, LoadGuard, LoadTracker, RouterLoad};
+use kvgate_core::policy::{build_policy, Decision, Policy, RouteRequest};
+use kvgate_core::router::{BatchSample, Offer, Peers, Router, Scratch};
+use kvgate_core::{BlockHash, InstanceId, Millis};
 use kvgate_tokenizer::TokenMode;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,6 +45,8 @@ pub struct Prepared {
     pub prompt_tokens: u32,
     /// Tokens per block (exact in token mode, estimated in text mode).
     pub tokens_per_block: u32,
+    /// The request's output bound, if it gave one.
+    pub max_tokens: Option<u32>,
 }
 
 /// A decision and the load it holds.
@@ -55,12 +59,19 @@ pub struct Routed {
     pub predicted_cost_ms: f64,
     /// The dispatched request's share of the chosen instance's load (release by dropping).
     pub guard: LoadGuard,
+    /// What learning from the response needs.
+    pub learning: Learning,
+}
+
+/// What the response teaches the router, and what it needs to know to learn it.
+#[derive(Clone, Copy, Debug)]
+pub struct Learning {
+    /// The request's pool.
+    pub pool: usize,
     /// Prompt tokens the chosen instance must compute.
     pub uncached_tokens: u64,
-    /// Prefill tokens queued ahead of it on the chosen instance at dispatch.
-    pub queued_ahead_tokens: u64,
-    /// Sequences decoding on the chosen instance at dispatch.
-    pub decoding: u32,
+    /// The chosen instance's fleet-wide load just before the dispatch.
+    pub at_dispatch: RouterLoad,
 }
 
 /// A decision as kept in the log: names are resolved only when the log is read.
@@ -127,13 +138,10 @@ fn load_tokenizer(spec: &str, template: Option<&std::path::Path>) -> Result<Toke
 
 /// The routing glue, shared by all requests.
 pub struct Routing {
-    index: Arc<PlacementIndex>,
-    load: Arc<LoadTracker>,
+    router: Router,
     pools: Vec<PoolRouting>,
-    rates: RateEstimator,
     text_block_bytes: usize,
     bytes_per_token: u32,
-    ttl_ms: u64,
     stale_after_ms: u64,
     log: ShardedLog<Logged>,
     /// Threads that have drawn seeds so far (see [`Routing::next_seed`]).
@@ -148,7 +156,7 @@ impl Routing {
     pub fn new(cfg: &Config, fleet: &Fleet, clock: Clock) -> Result<Routing, GatewayError> {
         let n = fleet.instances().len();
         let index = Arc::new(PlacementIndex::new(cfg.routing.index.to_core()));
-        let load = Arc::new(LoadTracker::new(n));
+        let router = Router::new(cfg.routing.router_config(), index, n, fleet.pools().len());
         let mut pools = Vec::new();
         for p in fleet.pools() {
             let policy = build_policy(&cfg.routing.policy);
@@ -174,15 +182,11 @@ impl Routing {
                 tokens,
             });
         }
-        let rates = RateEstimator::new(cfg.routing.rates.clone(), n);
         Ok(Routing {
-            index,
-            load,
+            router,
             pools,
-            rates,
             text_block_bytes: cfg.routing.text_block_bytes,
             bytes_per_token: cfg.routing.text_bytes_per_token,
-            ttl_ms: cfg.routing.predicted_ttl_ms,
             stale_after_ms: cfg.load.stale_after_ms,
             log: ShardedLog::new(
                 cfg.routing.decision_log_size,
@@ -209,12 +213,12 @@ impl Routing {
 
     /// The placement index (shared with event ingestion and gossip).
     pub fn index(&self) -> &Arc<PlacementIndex> {
-        &self.index
+        self.router.index()
     }
 
     /// The router-tracked load.
     pub fn load(&self) -> &Arc<LoadTracker> {
-        &self.load
+        self.router.load()
     }
 
     /// The policy name of `pool`.
@@ -229,12 +233,22 @@ impl Routing {
 
     /// Current rates of an instance.
     pub fn rates(&self, id: InstanceId) -> InstanceRates {
-        self.rates.rates(id)
+        self.router.rates().rates(id)
+    }
+
+    /// Current decode step model of an instance.
+    pub fn decode_rates(&self, id: InstanceId) -> DecodeRates {
+        self.router.decode_rates().rates(id)
+    }
+
+    /// Learned mean output tokens of a pool.
+    pub fn mean_output_tokens(&self, pool: usize) -> f64 {
+        self.router.outputs().mean(pool)
     }
 
     /// Learned fixed overhead before an instance's first token, ms.
     pub fn overhead_ms(&self, id: InstanceId) -> f64 {
-        self.rates.overhead_ms(id)
+        self.router.rates().overhead_ms(id)
     }
 
     /// Hashes the request's prompt for `pool`.
@@ -303,6 +317,7 @@ impl Routing {
                     prompt_tokens: ids.len().min(u32::MAX as usize) as u32,
                     tokens_per_block: pr.block_size,
                     text,
+                    max_tokens: input.max_tokens,
                 });
             }
         }
@@ -316,6 +331,7 @@ impl Routing {
             prompt_tokens: tokens.min(u32::MAX as usize) as u32,
             tokens_per_block: tpb,
             text,
+            max_tokens: input.max_tokens,
         })
     }
 
@@ -331,73 +347,39 @@ impl Routing {
     ) -> Result<Routed, GatewayError> {
         let started = Instant::now();
         let now = self.clock.ms_at(started);
-        let mut matches = PrefixMatches::default();
-        let gossip = self.gossip.get();
-        if !prep.hashes.is_empty() {
-            if let Some(g) = gossip {
-                g.materialize(&prep.hashes, now);
-            }
-            self.index.match_prefix(&prep.hashes, now, &mut matches);
-        }
-        let mut candidates = Vec::with_capacity(pool.instances.len());
-        let rates = self.rates.view();
-        for &id in &pool.instances {
+        let gossip = self.gossip.get().map(GossipPeers);
+        let peers = gossip.as_ref().map(|g| g as &dyn Peers);
+        let offers = pool.instances.iter().filter_map(|&id| {
             let inst = fleet.instance(id);
             if exclude.contains(&id) || !inst.health.usable(now) {
-                continue;
+                return None;
             }
-            let engine = inst.engine.get(now, self.stale_after_ms);
-            candidates.push(Candidate {
+            Some(Offer {
                 id,
-                matched: matches.get(id),
-                load: fleet_load(self.load.snapshot(id), gossip, id),
-                engine,
-                rates: rates.rates(id),
+                engine: inst.engine.get(now, self.stale_after_ms),
                 cache_capacity_blocks: inst.capacity(),
-            });
-        }
-        drop(rates);
-        let no_instance = || GatewayError::NoHealthyInstance {
-            model: pool.model.clone(),
-        };
-        if candidates.is_empty() {
-            return Err(no_instance());
-        }
+            })
+        });
         let req = RouteRequest {
             hashes: &prep.hashes,
             tokens_per_block: prep.tokens_per_block,
             prompt_tokens: prep.prompt_tokens,
+            expected_output_tokens: self.router.expected_output(pool.index, prep.max_tokens),
             text: &prep.text,
             seed: self.next_seed(),
             now,
         };
         let pr = &self.pools[pool.index];
-        let decision = pr
-            .policy
-            .decide(&req, &candidates)
-            .ok_or_else(no_instance)?;
-        pr.policy.on_routed(&req, decision.chosen);
-        if !prep.hashes.is_empty() {
-            self.index.predict(
-                decision.chosen,
-                &prep.hashes,
-                Source::Local,
-                self.ttl_ms,
-                now,
-            );
-            if let Some(g) = gossip {
-                let known = matches.get(decision.chosen).total() as usize;
-                g.record_decision(decision.chosen, &prep.hashes, known, now);
-            }
-        }
-        let at_dispatch = candidates
-            .iter()
-            .find(|c| c.id == decision.chosen)
-            .map(|c| c.load)
-            .unwrap_or_default();
-        let cached_tokens = decision.matched_blocks as u64 * prep.tokens_per_block as u64;
-        let uncached_tokens = (prep.prompt_tokens as u64).saturating_sub(cached_tokens);
-        let guard = self.load.dispatch(decision.chosen, uncached_tokens);
+        let routed = SCRATCH.with(|scratch| {
+            self.router
+                .route(&*pr.policy, &req, offers, peers, &mut scratch.borrow_mut())
+        });
+        let Some(routed) = routed else {
+            return Err(GatewayError::NoHealthyInstance {
+                model: pool.model.clone(),
+            });
+        };
+        let decision = routed.decision;
         let ratio = (!prep.hashes.is_empty())
             .then(|| decision.matched_blocks as f64 / prep.hashes.len() as f64);
         metrics::record_decision(
@@ -406,14 +388,17 @@ impl Routing {
             ratio,
             started.elapsed().as_secs_f64(),
         );
+        let learning = Learning {
+            pool: pool.index,
+            uncached_tokens: routed.guard.size().uncached_prefill_tokens,
+            at_dispatch: routed.at_dispatch,
+        };
         let routed = Routed {
             chosen: decision.chosen,
             matched_blocks: decision.matched_blocks,
             predicted_cost_ms: decision.predicted_cost_ms,
-            guard,
-            uncached_tokens,
-            queued_ahead_tokens: at_dispatch.pending_prefill_tokens,
-            decoding: at_dispatch.decoding,
+            guard: routed.guard,
+            learning,
         };
         if self.log.enabled() {
             let rec = Logged {
@@ -445,17 +430,34 @@ impl Routing {
         })
     }
 
-    /// Folds an observed time to first token into the instance's rate estimate.
-    pub fn observe_ttft(
+    /// Folds an observed time to first token into the instance's rate estimate, and returns the
+    /// decode batch the request joins there (the start of its decode observation).
+    pub fn observe_ttft(&self, id: InstanceId, learning: &Learning, ttft_ms: f64) -> BatchSample {
+        self.router
+            .observe_first_token(id, learning.uncached_tokens, learning.at_dispatch, ttft_ms);
+        self.batch(id)
+    }
+
+    /// The decode batch on `id` now, fleet-wide.
+    pub fn batch(&self, id: InstanceId) -> BatchSample {
+        let gossip = self.gossip.get().map(GossipPeers);
+        self.router
+            .batch(id, gossip.as_ref().map(|g| g as &dyn Peers))
+    }
+
+    /// Folds a finished stream into `id`'s decode step model and its pool's output lengths:
+    /// `output_tokens` in `decode_ms` after the first, joining the batch `at_first`.
+    pub fn observe_decode(
         &self,
         id: InstanceId,
-        uncached_tokens: u64,
-        ttft_ms: f64,
-        queued_ahead_tokens: u64,
-        decoding: u32,
+        learning: &Learning,
+        output_tokens: u32,
+        decode_ms: f64,
+        at_first: BatchSample,
     ) {
-        self.rates
-            .observe(id, uncached_tokens, ttft_ms, queued_ahead_tokens, decoding);
+        let batch = at_first.mean(self.batch(id));
+        self.router
+            .observe_finish(learning.pool, id, output_tokens, decode_ms, batch);
     }
 
     /// Recent decisions, newest last.
@@ -498,7 +500,7 @@ impl Routing {
         loop {
             tokio::select! {
                 _ = token.cancelled() => return,
-                _ = tick.tick() => { self.index.expire(self.clock.now_ms()); }
+                _ = tick.tick() => { self.index().expire(self.clock.now_ms()); }
             }
         }
     }
@@ -525,21 +527,24 @@ fn tokenize(tm: &TokenMode, prompt: &Prompt<'_>) -> Result<Vec<u32>, String> {
     }
 }
 
-/// This replica's router-tracked load plus its gossip peers' shares: the fleet-wide queue.
-fn fleet_load(
-    own: kvgate_core::load::RouterLoad,
-    gossip: Option<&kvgate_gossip::Gossip>,
-    id: InstanceId,
-) -> kvgate_core::load::RouterLoad {
-    let Some(g) = gossip else { return own };
-    let p = g.peer_load(id);
-    kvgate_core::load::RouterLoad {
-        in_flight: own.in_flight.saturating_add(p.in_flight),
-        pending_prefill_tokens: own
-            .pending_prefill_tokens
-            .saturating_add(p.pending_prefill_tokens),
-        decoding: own.decoding.saturating_add(p.decoding),
+/// Gossip as the core router's peer plane.
+struct GossipPeers<'a>(&'a kvgate_gossip::Gossip);
+
+impl Peers for GossipPeers<'_> {
+    fn materialize(&self, hashes: &[BlockHash], now: Millis) {
+        self.0.materialize(hashes, now);
     }
+    fn load(&self, instance: InstanceId) -> RouterLoad {
+        self.0.peer_load(instance)
+    }
+    fn record(&self, chosen: InstanceId, hashes: &[BlockHash], known: usize, now: Millis) {
+        self.0.record_decision(chosen, hashes, known, now);
+    }
+}
+
+thread_local! {
+    /// Each serving thread's decision buffers (a decision allocates nothing once warm).
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
 }
 
 /// A well-mixed per-request seed from a counter.

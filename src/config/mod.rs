@@ -250,6 +250,12 @@ impl Config {
                 e.requirement,
             ));
         }
+        if let Err(e) = r.decode_rates.validate() {
+            return Err(invalid(
+                format!("routing.decode_rates.{}", e.field),
+                e.requirement,
+            ));
+        }
         let rc = &r.rates;
         if !(rc.prefill_tokens_per_s.is_finite() && rc.prefill_tokens_per_s > 0.0) {
             return Err(invalid("routing.rates.prefill_tokens_per_s", "must be > 0"));

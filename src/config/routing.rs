@@ -100,6 +100,12 @@ pub struct RoutingConfig {
     pub decision_log_size: usize,
     /// Per-instance speed: starting values and bounds of the rates learned from observed TTFT.
     pub rates: kvgate_core::load::RateConfig,
+    /// Per-instance decode speed: starting values and bounds of the step model learned from
+    /// streamed responses' inter-token timing.
+    pub decode_rates: kvgate_core::load::DecodeRateConfig,
+    /// Expected output tokens of a request without `max_tokens` before any response has been
+    /// seen; afterwards each pool's learned mean.
+    pub initial_output_tokens: u32,
     /// Placement index bounds.
     pub index: IndexSection,
 }
@@ -114,7 +120,23 @@ impl Default for RoutingConfig {
             predicted_ttl_ms: 120_000,
             decision_log_size: 256,
             rates: kvgate_core::load::RateConfig::default(),
+            decode_rates: kvgate_core::load::DecodeRateConfig::default(),
+            initial_output_tokens: 256,
             index: IndexSection::default(),
+        }
+    }
+}
+
+impl RoutingConfig {
+    /// The core router's configuration: the gateway predicts and matches always.
+    pub fn router_config(&self) -> kvgate_core::router::RouterConfig {
+        kvgate_core::router::RouterConfig {
+            predicted_ttl_ms: self.predicted_ttl_ms,
+            predict: true,
+            match_index: true,
+            rates: self.rates.clone(),
+            decode_rates: self.decode_rates.clone(),
+            initial_output_tokens: f64::from(self.initial_output_tokens.max(1)),
         }
     }
 }

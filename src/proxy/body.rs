@@ -13,7 +13,9 @@ use crate::client::body::UpstreamBody;
 use crate::metrics;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use crate::routing::Learning;
 use kvgate_core::load::LoadGuard;
+use kvgate_core::router::BatchSample;
 use kvgate_core::InstanceId;
 use pin_project_lite::pin_project;
 use std::future::Future;
@@ -46,12 +48,15 @@ pub struct Tracker {
     guard: Option<LoadGuard>,
     started: Instant,
     stream: bool,
-    uncached_tokens: u64,
-    queued_ahead_tokens: u64,
-    decoding: u32,
+    learning: Learning,
     status: u16,
     first_seen: bool,
     finished: bool,
+    /// A stream's first data: when, and the decode batch it joined.
+    first: Option<(Instant, BatchSample)>,
+    /// SSE events seen in a stream (one per token for vLLM's and SGLang's default stream
+    /// interval; a usage chunk makes it over-count by one).
+    events: Events,
 }
 
 impl Tracker {
@@ -64,7 +69,7 @@ impl Tracker {
         guard: LoadGuard,
         started: Instant,
         stream: bool,
-        (uncached_tokens, queued_ahead_tokens, decoding): (u64, u64, u32),
+        learning: Learning,
         status: u16,
     ) -> Self {
         Self {
@@ -74,12 +79,12 @@ impl Tracker {
             guard: Some(guard),
             started,
             stream,
-            uncached_tokens,
-            queued_ahead_tokens,
-            decoding,
+            learning,
             status,
             first_seen: false,
             finished: false,
+            first: None,
+            events: Events::default(),
         }
     }
 
@@ -94,14 +99,25 @@ impl Tracker {
             let ms = elapsed.as_secs_f64() * 1e3;
             inst.metrics.ttft(elapsed.as_secs_f64());
             inst.ttft.observe(ms);
-            self.state.routing.observe_ttft(
-                self.instance,
-                self.uncached_tokens,
-                ms,
-                self.queued_ahead_tokens,
-                self.decoding,
-            );
+            let batch = self
+                .state
+                .routing
+                .observe_ttft(self.instance, &self.learning, ms);
+            self.first = Some((Instant::now(), batch));
         }
+    }
+
+    /// A complete stream teaches the decode step model: its events after the first, over the
+    /// time since the first.
+    fn observe_decode(&self) {
+        let Some((at, batch)) = self.first else {
+            return;
+        };
+        let tokens = self.events.tokens();
+        let ms = at.elapsed().as_secs_f64() * 1e3;
+        self.state
+            .routing
+            .observe_decode(self.instance, &self.learning, tokens, ms, batch);
     }
 
     fn finish(&mut self, end: End) {
@@ -109,6 +125,10 @@ impl Tracker {
             return;
         }
         self.finished = true;
+        if end == End::Complete && self.stream {
+            // Sampled before the guard is dropped: the batch still includes this sequence.
+            self.observe_decode();
+        }
         drop(self.guard.take());
         let inst = self.state.fleet.instance(self.instance);
         let class = match end {
@@ -174,9 +194,12 @@ impl Body for ProxyBody {
         match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 let ended = this.inner.is_end_stream();
-                if frame.is_data() {
+                if let Some(data) = frame.data_ref() {
                     if !this.tracker.first_seen {
                         this.tracker.on_first_data();
+                    }
+                    if this.tracker.stream {
+                        this.tracker.events.feed(data);
                     }
                     // After the last frame there is nothing left to time (and re-arming a timer
                     // takes the timer driver's lock twice: to insert it and to drop it).
@@ -274,5 +297,118 @@ impl Body for GatewayBody {
             GatewayBody::Relay { body } => body.size_hint(),
             GatewayBody::Plain { body } => body.size_hint(),
         }
+    }
+}
+
+/// Counts SSE events in a stream's bytes as they pass: each event starts with `data:` at the
+/// start of a line, and `data: [DONE]` is not an event. Frames may split anywhere, so the scan is
+/// a byte-at-a-time state machine carried across frames; nothing is buffered.
+#[derive(Clone, Copy, Debug, Default)]
+struct Events {
+    /// Events seen, `[DONE]` excluded.
+    count: u32,
+    /// Where the scan is.
+    at: Scan,
+    /// Whether any byte was seen (the stream's first line starts without a newline).
+    started: bool,
+}
+
+/// The scanner's position.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Scan {
+    /// Matched this many bytes of `\ndata:`.
+    #[default]
+    Line0,
+    Mark(u8),
+    /// After `data:`: whether its optional space was skipped, and how much of `[DONE]` matched.
+    Payload { spaced: bool, done: u8 },
+}
+
+impl Events {
+    const MARK: &'static [u8] = b"\ndata:";
+    const DONE: &'static [u8] = b"[DONE]";
+
+    fn feed(&mut self, bytes: &[u8]) {
+        if !self.started && !bytes.is_empty() {
+            self.started = true;
+            self.at = Scan::Mark(1);
+        }
+        for &b in bytes {
+            self.at = match self.at {
+                Scan::Line0 | Scan::Mark(_) => {
+                    let matched = match self.at {
+                        Scan::Mark(m) => usize::from(m),
+                        _ => 0,
+                    };
+                    if b == Self::MARK[matched] {
+                        if matched + 1 == Self::MARK.len() {
+                            Scan::Payload {
+                                spaced: false,
+                                done: 0,
+                            }
+                        } else {
+                            Scan::Mark(matched as u8 + 1)
+                        }
+                    } else {
+                        Self::restart(b)
+                    }
+                }
+                Scan::Payload { spaced, done } => {
+                    if b == b' ' && !spaced && done == 0 {
+                        Scan::Payload { spaced: true, done }
+                    } else if b == Self::DONE[usize::from(done)] {
+                        if usize::from(done) + 1 == Self::DONE.len() {
+                            Scan::Line0
+                        } else {
+                            Scan::Payload {
+                                spaced,
+                                done: done + 1,
+                            }
+                        }
+                    } else {
+                        self.count = self.count.saturating_add(1);
+                        Self::restart(b)
+                    }
+                }
+            };
+        }
+    }
+
+    /// The scan state after a byte that does not continue a match.
+    fn restart(b: u8) -> Scan {
+        if b == b'\n' {
+            Scan::Mark(1)
+        } else {
+            Scan::Line0
+        }
+    }
+
+    /// Output tokens the stream carried, as counted.
+    fn tokens(&self) -> u32 {
+        self.count
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Events;
+
+    #[test]
+    fn events_are_counted_across_any_frame_split() {
+        let stream = b"data: {\"a\":1}\n\ndata: {\"a\":2}\n\ndata:{\"b\":\"data: x\"}\n\ndata: [DONE]\n\n";
+        for split in 0..stream.len() {
+            let mut e = Events::default();
+            e.feed(&stream[..split]);
+            e.feed(&stream[split..]);
+            assert_eq!(e.tokens(), 3, "split at {split}");
+        }
+        let mut bytewise = Events::default();
+        for b in stream.iter() {
+            bytewise.feed(std::slice::from_ref(b));
+        }
+        assert_eq!(bytewise.tokens(), 3);
+        let mut none = Events::default();
+        none.feed(b": comment\n\nevent: x\n");
+        assert_eq!(none.tokens(), 0);
     }
 }

@@ -322,11 +322,7 @@ fn relay(
         routed.guard,
         started,
         stream,
-        (
-            routed.uncached_tokens,
-            routed.queued_ahead_tokens,
-            routed.decoding,
-        ),
+        routed.learning,
         resp.status.as_u16(),
     );
     let idle = Duration::from_millis(state.config.upstream.idle_timeout_ms);

@@ -1,8 +1,9 @@
 //! Extracts what routing needs from an OpenAI request body, borrowing from the raw bytes.
 //!
 //! Invariants:
-//! - Reads only `model`, `messages` / `prompt` / `input` / `instructions`, `tools`, `stream` and
-//!   `cache_salt`; every other field is validated and skipped by [`super::json::Reader`], and the
+//! - Reads only `model`, `messages` / `prompt` / `input` / `instructions`, `tools`, `stream`,
+//!   `cache_salt` and the output bound (`max_tokens`, `max_completion_tokens`,
+//!   `max_output_tokens`); every other field is validated and skipped by [`super::json::Reader`], and the
 //!   caller forwards the original bytes, so unknown fields and formatting survive untouched.
 //! - Never allocates a copy of message text unless it has escapes or arrives as several parts.
 //! - A `null` field reads as absent; a field given twice, or with the wrong type, is an
@@ -94,6 +95,10 @@ pub struct RouteInput<'a> {
     pub stream: bool,
     /// `cache_salt`, if present.
     pub cache_salt: Option<Cow<'a, str>>,
+    /// The output bound: `max_tokens`, `max_completion_tokens` or (Responses API)
+    /// `max_output_tokens`, whichever is smallest, when a non-negative integer. Anything else is
+    /// left for the engine to judge (it is forwarded unchanged either way).
+    pub max_tokens: Option<u32>,
     /// The prompt.
     pub prompt: Prompt<'a>,
 }
@@ -109,6 +114,9 @@ enum Key {
     Tools,
     Stream,
     CacheSalt,
+    MaxTokens,
+    MaxCompletionTokens,
+    MaxOutputTokens,
 }
 
 impl Key {
@@ -122,6 +130,9 @@ impl Key {
             "tools" => Key::Tools,
             "stream" => Key::Stream,
             "cache_salt" => Key::CacheSalt,
+            "max_tokens" => Key::MaxTokens,
+            "max_completion_tokens" => Key::MaxCompletionTokens,
+            "max_output_tokens" => Key::MaxOutputTokens,
             _ => return None,
         })
     }
@@ -135,6 +146,9 @@ impl Key {
             Key::Tools => "tools",
             Key::Stream => "stream",
             Key::CacheSalt => "cache_salt",
+            Key::MaxTokens => "max_tokens",
+            Key::MaxCompletionTokens => "max_completion_tokens",
+            Key::MaxOutputTokens => "max_output_tokens",
         }
     }
 }
@@ -150,6 +164,7 @@ struct Fields<'a> {
     tools: Option<&'a str>,
     stream: Option<bool>,
     cache_salt: Option<Cow<'a, str>>,
+    max_tokens: Option<u32>,
 }
 
 /// A chat message or Responses API item as read.
@@ -196,7 +211,7 @@ fn string<'a>(r: &mut Reader<'a>, field: &'static str) -> Result<Cow<'a, str>, G
 
 fn fields<'a>(r: &mut Reader<'a>) -> Result<Fields<'a>, GatewayError> {
     let mut f = Fields::default();
-    let mut seen = 0u8;
+    let mut seen = 0u16;
     r.begin_object()?;
     let mut first = true;
     while let Some(name) = r.next_key(&mut first)? {
@@ -205,7 +220,7 @@ fn fields<'a>(r: &mut Reader<'a>) -> Result<Fields<'a>, GatewayError> {
             continue;
         };
         let field = key.name();
-        let bit = 1u8 << key as u8;
+        let bit = 1u16 << key as u16;
         if seen & bit != 0 {
             return Err(invalid(field, "appears more than once"));
         }
@@ -225,9 +240,29 @@ fn fields<'a>(r: &mut Reader<'a>) -> Result<Fields<'a>, GatewayError> {
                 k => return Err(wrong(r, field, "a boolean", k)),
             },
             Key::CacheSalt => f.cache_salt = Some(string(r, field)?),
+            Key::MaxTokens | Key::MaxCompletionTokens | Key::MaxOutputTokens => {
+                if let Some(n) = bound(r)? {
+                    f.max_tokens = Some(f.max_tokens.map_or(n, |m| m.min(n)));
+                }
+            }
         }
     }
     Ok(f)
+}
+
+/// An output bound's value: a non-negative integer that fits `u32`, else `None` (skipped, not
+/// rejected: the engine decides what it accepts). Malformed JSON is still an error.
+fn bound(r: &mut Reader<'_>) -> Result<Option<u32>, GatewayError> {
+    match r.expect_value()? {
+        Kind::Number => {
+            let (digits, integer) = r.number()?;
+            Ok(if integer { digits.parse().ok() } else { None })
+        }
+        _ => {
+            r.skip_value()?;
+            Ok(None)
+        }
+    }
 }
 
 fn messages<'a>(r: &mut Reader<'a>, field: &'static str) -> Result<Vec<Message<'a>>, GatewayError> {
@@ -464,6 +499,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RouteInput<'_>, GatewayE
         model: w.model,
         stream: w.stream.unwrap_or(false),
         cache_salt: w.cache_salt,
+        max_tokens: w.max_tokens,
         prompt,
     })
 }

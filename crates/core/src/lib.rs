@@ -16,18 +16,24 @@
 //!   `RwLock<HashMap>`s of 16-byte holder lists; per-instance CLOCK eviction (predictions first),
 //!   TTL, a global entry cap; prefix matching in shard-grouped batches.
 //! - [`load`]: router-tracked load (in-flight, outstanding prefill, decoding) with RAII guards,
-//!   engine-reported load snapshots, and per-instance prefill-rate / decode-interference
-//!   estimation ([`load::RateEstimator`]).
+//!   engine-reported load snapshots, per-instance prefill-rate / decode-interference estimation
+//!   ([`load::RateEstimator`]) from time to first token, decode step models
+//!   ([`load::DecodeEstimator`]) from inter-token timing, and expected output lengths.
 //! - [`policy`]: the [`policy::Policy`] trait, kvgate's cost-based default policy and the comparison
 //!   policies (round robin, random, least load, power of two, consistent hash, SGLang cache-aware,
 //!   Dynamo cost, llm-d weighted); [`policy::PolicyConfig`] holds every policy default and
 //!   [`policy::build_policy`] builds the configured one.
 //!
-//! A routing decision is: hash the prompt ([`hash`]), [`index::PlacementIndex::match_prefix`],
-//! build one [`policy::Candidate`] per healthy instance from the match, [`load::LoadTracker`] and
-//! [`load::RateEstimator`], call [`policy::Policy::decide`], then record the choice with
+//! - [`router`]: the one decision sequence, [`router::Router::route`], that the gateway and the
+//!   offline simulator both call, and the learning that follows a dispatch (first token, end of
+//!   the decode).
+//!
+//! A routing decision is: hash the prompt ([`hash`]), then [`router::Router::route`]:
+//! [`index::PlacementIndex::match_prefix`], one [`policy::Candidate`] per offered instance from
+//! the match, the [`load::LoadTracker`], the [`load::RateEstimator`] and the
+//! [`load::DecodeEstimator`], [`policy::Policy::decide`], then the choice recorded with
 //! [`index::PlacementIndex::predict`], [`policy::Policy::on_routed`] and
-//! [`load::LoadTracker::dispatch`].
+//! [`load::LoadTracker::dispatch_sized`].
 //!
 //! ## Invariants
 //!
@@ -40,6 +46,7 @@ pub mod hash;
 pub mod index;
 pub mod load;
 pub mod policy;
+pub mod router;
 mod types;
 
 pub use types::{BlockHash, InstanceId, Millis, Source, Tier};

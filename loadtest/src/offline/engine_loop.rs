@@ -271,7 +271,7 @@ pub fn simulate(
                     }
                     let ttft = now.saturating_sub(reqs[i].arrival_us);
                     ttft_us[i] = Some(ttft);
-                    router.first_token(i, placed[i] as usize, ttft as f64 / 1e3);
+                    router.first_token(i, placed[i] as usize, ttft as f64 / 1e3, now as f64 / 1e3);
                     let b = bucket_of(now);
                     if buckets.len() <= b {
                         buckets.resize(b + 1, Bucket::default());
@@ -287,10 +287,13 @@ pub fn simulate(
                         continue;
                     }
                     done_us[i] = Some(now);
-                    if out.rejected.contains(&id) {
+                    let produced = if out.rejected.contains(&id) {
                         rejected[i] = true;
-                    }
-                    router.finished(i);
+                        0
+                    } else {
+                        reqs[i].output_tokens
+                    };
+                    router.finished(i, now as f64 / 1e3, produced);
                     close_spread(&mut spread, &mut buckets, now);
                     spread.remove(placed[i] as usize);
                 }

@@ -1,24 +1,25 @@
-//! The routing side of the simulation: the gateway's routing core, used exactly as the gateway
-//! uses it, but fed virtual time.
+//! The routing side of the simulation: the gateway's routing core, [`Router::route`], called
+//! exactly as the gateway calls it, but fed virtual time.
 //!
 //! Invariants:
-//! - Per request: match the chain against the placement index, build one [`Candidate`] per
-//!   instance (matched blocks by tier, router-tracked load, last scraped engine load, rates,
-//!   capacity), let the policy decide, tell it where the request went, insert the prediction
-//!   (`Source::Local`, the gateway's TTL) when predictions are on, and take a [`LoadGuard`].
-//! - The guard advances at the request's first token and is dropped at completion, like the
-//!   gateway's response-body guards, so router-tracked load never leaks.
+//! - Per request: every engine is offered with its last scraped load and capacity; the core
+//!   router matches, decides, predicts (when predictions are on) and dispatches, as in the
+//!   gateway.
+//! - The load guard advances at the request's first token and is dropped at completion, like the
+//!   gateway's response-body guards, so router-tracked load never leaks; when learning, the first
+//!   token teaches the prefill rates and the completion the decode step model, as a stream does.
 //! - Engine KV events (when on) are applied to the index at the end of the step that produced them.
 //! - Engine-reported load is refreshed on the gateway's scrape interval, never fresher.
 //! - Tie-breaking seeds are a pure function of the run seed and the request number.
 
 use std::sync::Arc;
 
-use kvgate_core::index::{IndexConfig, PlacementIndex, PrefixMatches};
-use kvgate_core::load::{
-    EngineLoad, InstanceRates, LoadGuard, LoadTracker, RateConfig, RateEstimator,
+use kvgate_core::index::{IndexConfig, PlacementIndex};
+use kvgate_core::load::{DecodeRateConfig, EngineLoad, InstanceRates, RateConfig};
+use kvgate_core::policy::{Policy, RouteRequest};
+use kvgate_core::router::{
+    BatchSample, Offer, Routed as Dispatched, Router, RouterConfig, Scratch,
 };
-use kvgate_core::policy::{Candidate, Policy, RouteRequest};
 use kvgate_core::{InstanceId, Millis, Source, Tier};
 use kvgate_sim::model::timing::BatchShape;
 use kvgate_sim::model::{EngineParams, KvEvent, Medium};
@@ -71,7 +72,8 @@ impl IndexMode {
     }
 }
 
-/// Router-side settings (defaults mirror the gateway's `[routing]` section).
+/// Router-side settings. [`RouterSettings::gateway_defaults`] reads the gateway's `[routing]`
+/// defaults, so the simulation routes exactly as a gateway with no routing configuration.
 #[derive(Clone, Debug)]
 pub struct RouterSettings {
     /// Index sources.
@@ -84,10 +86,16 @@ pub struct RouterSettings {
     pub expire_interval_ms: u64,
     /// Starting rates of every instance.
     pub rates: InstanceRates,
-    /// When set, rates are learned from every request's time to first token as the gateway
-    /// learns them (starting from these settings, whose starting values are used instead of
-    /// `rates`); otherwise `rates` stay fixed.
+    /// When set, rates are learned from every request's time to first token and decode steps
+    /// from its inter-token timing, as the gateway learns them (starting from these settings,
+    /// whose starting prefill values are used instead of `rates`); otherwise `rates` and
+    /// `decode_rates`' starting values stay fixed.
     pub learn_rates: Option<RateConfig>,
+    /// Decode step model: starting values and learning bounds.
+    pub decode_rates: DecodeRateConfig,
+    /// Expected output tokens of a request that does not bound them (simulated requests always
+    /// do, as the live replayer sets `max_tokens` to the trace's output length).
+    pub initial_output_tokens: f64,
     /// Capacity of each instance's KV cache in blocks, as the engine would report it.
     pub capacity_blocks: u64,
     /// The index's per-instance entry bound as a multiple of `capacity_blocks`: above 1 leaves
@@ -98,28 +106,42 @@ pub struct RouterSettings {
 }
 
 impl RouterSettings {
-    /// The gateway's `[routing]` defaults (predicted TTL 120 s, 64 index shards, 8 M entries,
-    /// expiry sweep every second, starting rates 8,000 prefill tokens/s and 0.5 ms decode
-    /// interference), both index sources, metrics scraped every second, and `capacity_blocks`
-    /// per instance as the engines report it, with an index bound of twice that.
+    /// The gateway's `[routing]` and `[load]` defaults (predicted TTL, index bounds and sweep,
+    /// starting rates, decode step model, scrape interval), both index sources, and
+    /// `capacity_blocks` per instance as the engines report it.
     pub fn gateway_defaults(capacity_blocks: u64) -> Self {
+        let cfg = kvgate::config::Config::default();
+        let r = &cfg.routing;
+        let core = r.router_config();
         Self {
             index_mode: IndexMode::Both,
-            predicted_ttl_ms: 120_000,
-            index: IndexConfig {
-                shards: 64,
-                max_entries: 8_000_000,
-                default_instance_capacity: 262_144,
-            },
-            expire_interval_ms: 1_000,
-            rates: InstanceRates {
-                prefill_tokens_per_s: 8_000.0,
-                decode_interference_ms: 0.5,
-            },
+            predicted_ttl_ms: core.predicted_ttl_ms,
+            index: r.index.to_core(),
+            expire_interval_ms: r.index.expire_interval_ms,
+            rates: core.rates.initial(),
             learn_rates: None,
+            decode_rates: core.decode_rates,
+            initial_output_tokens: core.initial_output_tokens,
             capacity_blocks,
-            index_capacity_factor: 2.0,
-            scrape_interval_ms: 1_000,
+            index_capacity_factor: r.index.capacity_factor,
+            scrape_interval_ms: cfg.load.poll_interval_ms,
+        }
+    }
+
+    /// The core router's configuration for these settings.
+    fn router_config(&self) -> RouterConfig {
+        let rates = self.learn_rates.clone().unwrap_or_else(|| RateConfig {
+            prefill_tokens_per_s: self.rates.prefill_tokens_per_s,
+            decode_interference_ms: self.rates.decode_interference_ms,
+            ..RateConfig::default()
+        });
+        RouterConfig {
+            predicted_ttl_ms: self.predicted_ttl_ms,
+            predict: self.index_mode.predicts(),
+            match_index: self.index_mode.is_on(),
+            rates,
+            decode_rates: self.decode_rates.clone(),
+            initial_output_tokens: self.initial_output_tokens,
         }
     }
 }
@@ -142,27 +164,38 @@ pub fn nominal_rates(params: &EngineParams, typical_ctx_tokens: u32) -> Instance
     }
 }
 
-/// Routing state of one simulated gateway.
+/// The decode step model of engines of `params`, as a calibrated gateway would start from.
+pub fn nominal_decode_rates(params: &EngineParams) -> DecodeRateConfig {
+    let t = &params.timing;
+    DecodeRateConfig {
+        step_ms: t.step_base_us / 1e3,
+        per_seq_ms: t.decode_us_per_seq / 1e3,
+        per_kctx_ms: t.decode_ns_per_ctx_token / 1e3,
+        ..DecodeRateConfig::default()
+    }
+}
+
+/// Routing state of one simulated gateway: the core [`Router`] driven in virtual time.
 pub struct SimRouter {
-    index: PlacementIndex,
-    tracker: Arc<LoadTracker>,
+    router: Router,
     policy: Box<dyn Policy>,
     settings: RouterSettings,
     block_tokens: u32,
     seed: u64,
-    matches: PrefixMatches,
-    candidates: Vec<Candidate>,
+    scratch: Scratch,
     text: Vec<u8>,
     engine_loads: Vec<Option<EngineLoad>>,
     next_scrape_ms: Millis,
     next_expire_ms: Millis,
-    /// Outstanding guards by request number; `None` once finished (or never dispatched).
-    guards: Vec<Option<LoadGuard>>,
-    /// Learned rates, when learning.
-    estimator: Option<RateEstimator>,
-    /// What each request's rate observation needs from its dispatch: uncached tokens, prefill
-    /// tokens queued ahead of it and sequences decoding on its instance.
-    dispatched: Vec<(u64, u64, u32)>,
+    /// Outstanding requests by number; `None` once finished (or never dispatched).
+    live: Vec<Option<Live>>,
+}
+
+/// A dispatched request, until it finishes.
+struct Live {
+    routed: Dispatched,
+    /// Its first token, in virtual ms, and the decode batch then.
+    first_token: Option<(f64, BatchSample)>,
 }
 
 /// What the router decided for one request.
@@ -186,34 +219,26 @@ impl SimRouter {
         block_tokens: u32,
         seed: u64,
     ) -> Self {
-        let index = PlacementIndex::new(settings.index.clone());
-        let estimator = settings
-            .learn_rates
-            .clone()
-            .map(|cfg| RateEstimator::new(cfg, instances));
+        let index = Arc::new(PlacementIndex::new(settings.index.clone()));
         let index_capacity =
             (settings.capacity_blocks as f64 * settings.index_capacity_factor.max(0.0)).ceil();
         for i in 0..instances {
             index.set_instance_capacity(InstanceId(i as u32), (index_capacity as usize).max(1));
         }
-        let mut guards = Vec::with_capacity(requests);
-        guards.resize_with(requests, || None);
+        let mut live = Vec::with_capacity(requests);
+        live.resize_with(requests, || None);
         Self {
-            index,
-            tracker: Arc::new(LoadTracker::new(instances)),
+            router: Router::new(settings.router_config(), index, instances, 1),
             policy,
             settings,
             block_tokens,
             seed,
-            matches: PrefixMatches::default(),
-            candidates: Vec::with_capacity(instances),
+            scratch: Scratch::default(),
             text: Vec::new(),
             engine_loads: vec![None; instances],
             next_scrape_ms: 0,
             next_expire_ms: 0,
-            guards,
-            estimator,
-            dispatched: vec![(0, 0, 0); requests],
+            live,
         }
     }
 
@@ -237,12 +262,9 @@ impl SimRouter {
 
     /// Routes request number `id`.
     pub fn route(&mut self, id: usize, req: &OfflineRequest, now: Millis) -> Routed {
-        if self.settings.index_mode.is_on() {
-            if now >= self.next_expire_ms {
-                self.index.expire(now);
-                self.next_expire_ms = now + self.settings.expire_interval_ms.max(1);
-            }
-            self.index.match_prefix(&req.blocks, now, &mut self.matches);
+        if self.settings.index_mode.is_on() && now >= self.next_expire_ms {
+            self.router.index().expire(now);
+            self.next_expire_ms = now + self.settings.expire_interval_ms.max(1);
         }
         render_text(
             &req.blocks,
@@ -251,87 +273,81 @@ impl SimRouter {
             id,
             &mut self.text,
         );
-        self.candidates.clear();
-        for i in 0..self.engine_loads.len() {
-            let inst = InstanceId(i as u32);
-            self.candidates.push(Candidate {
-                id: inst,
-                matched: self.matches.get(inst),
-                load: self.tracker.snapshot(inst),
-                engine: self.engine_loads[i],
-                rates: match &self.estimator {
-                    Some(e) => e.rates(inst),
-                    None => self.settings.rates,
-                },
-                cache_capacity_blocks: Some(self.settings.capacity_blocks),
-            });
-        }
         let route_req = RouteRequest {
             hashes: &req.blocks,
             tokens_per_block: self.block_tokens,
             prompt_tokens: req.prompt_tokens,
+            expected_output_tokens: self.router.expected_output(0, Some(req.output_tokens)),
             text: &self.text,
             seed: request_seed(self.seed, id as u64),
             now,
         };
-        // Candidates are never empty (the fleet has at least one engine, checked by the caller).
-        let (chosen, matched) = match self.policy.decide(&route_req, &self.candidates) {
-            Some(d) => (d.chosen, d.matched_blocks),
-            None => (InstanceId(0), 0),
+        let capacity = Some(self.settings.capacity_blocks);
+        let offers = self
+            .engine_loads
+            .iter()
+            .enumerate()
+            .map(|(i, &engine)| Offer {
+                id: InstanceId(i as u32),
+                engine,
+                cache_capacity_blocks: capacity,
+            });
+        let Some(routed) =
+            self.router
+                .route(&*self.policy, &route_req, offers, None, &mut self.scratch)
+        else {
+            // The fleet has at least one engine (checked by the caller), so this is unreachable;
+            // answer like an empty decision rather than panic.
+            return Routed {
+                instance: 0,
+                matched_blocks: 0,
+                best_blocks: 0,
+            };
         };
-        self.policy.on_routed(&route_req, chosen);
-        if self.settings.index_mode.predicts() {
-            self.index.predict(
-                chosen,
-                &req.blocks,
-                Source::Local,
-                self.settings.predicted_ttl_ms,
-                now,
-            );
+        let out = Routed {
+            instance: routed.decision.chosen.index(),
+            matched_blocks: routed.decision.matched_blocks,
+            best_blocks: routed.best_blocks,
+        };
+        if let Some(slot) = self.live.get_mut(id) {
+            *slot = Some(Live {
+                routed,
+                first_token: None,
+            });
         }
-        let cached_tokens = u64::from(matched) * u64::from(self.block_tokens);
-        let uncached = u64::from(req.prompt_tokens).saturating_sub(cached_tokens);
-        let at_dispatch = self.tracker.snapshot(chosen);
-        if let Some(slot) = self.dispatched.get_mut(id) {
-            *slot = (
-                uncached,
-                at_dispatch.pending_prefill_tokens,
-                at_dispatch.decoding,
-            );
-        }
-        let guard = self.tracker.dispatch(chosen, uncached);
-        if let Some(slot) = self.guards.get_mut(id) {
-            *slot = Some(guard);
-        }
-        Routed {
-            instance: chosen.index(),
-            matched_blocks: matched,
-            best_blocks: self.matches.best(),
+        out
+    }
+
+    /// Request `id`, routed to `instance`, produced its first token `ttft_ms` after dispatch, at
+    /// virtual time `now_ms`.
+    pub fn first_token(&mut self, id: usize, instance: usize, ttft_ms: f64, now_ms: f64) {
+        let inst = InstanceId(instance as u32);
+        let learn = self.settings.learn_rates.is_some();
+        let Some(Some(live)) = self.live.get_mut(id) else {
+            return;
+        };
+        live.routed.guard.first_token();
+        live.first_token = Some((now_ms, self.router.batch(inst, None)));
+        if learn {
+            let uncached = live.routed.size().uncached_prefill_tokens;
+            self.router
+                .observe_first_token(inst, uncached, live.routed.at_dispatch, ttft_ms);
         }
     }
 
-    /// Request `id`, routed to `instance`, produced its first token `ttft_ms` after dispatch.
-    pub fn first_token(&mut self, id: usize, instance: usize, ttft_ms: f64) {
-        if let Some(Some(g)) = self.guards.get_mut(id) {
-            g.first_token();
-        }
-        if let (Some(est), Some(&(uncached, ahead, decoding))) =
-            (&self.estimator, self.dispatched.get(id))
+    /// Request `id` finished at virtual time `now_ms` after producing `output_tokens`: its load
+    /// is released and, when learning, its decode observed.
+    pub fn finished(&mut self, id: usize, now_ms: f64, output_tokens: u32) {
+        let Some(live) = self.live.get_mut(id).and_then(Option::take) else {
+            return;
+        };
+        let inst = live.routed.guard.instance();
+        if let (Some((first_ms, at_first)), true) =
+            (live.first_token, self.settings.learn_rates.is_some())
         {
-            est.observe(
-                InstanceId(instance as u32),
-                uncached,
-                ttft_ms,
-                ahead,
-                decoding,
-            );
-        }
-    }
-
-    /// Request `id` finished: its guard is released.
-    pub fn finished(&mut self, id: usize) {
-        if let Some(slot) = self.guards.get_mut(id) {
-            *slot = None;
+            let batch = at_first.mean(self.router.batch(inst, None));
+            self.router
+                .observe_finish(0, inst, output_tokens, now_ms - first_ms, batch);
         }
     }
 
@@ -341,23 +357,31 @@ impl SimRouter {
             return;
         }
         let inst = InstanceId(instance as u32);
+        let index = self.router.index();
         match event {
             KvEvent::BlockStored {
                 block_hashes,
                 medium,
                 ..
-            } => self.index.store(inst, block_hashes, tier(*medium), now),
+            } => index.store(inst, block_hashes, tier(*medium), now),
             KvEvent::BlockRemoved {
                 block_hashes,
                 medium,
-            } => self.index.remove(inst, block_hashes, tier(*medium)),
-            KvEvent::AllBlocksCleared => self.index.clear_instance(inst, &[Source::Event]),
+            } => index.remove(inst, block_hashes, tier(*medium)),
+            KvEvent::AllBlocksCleared => index.clear_instance(inst, &[Source::Event]),
         }
     }
 
     /// The policy's name.
     pub fn policy_name(&self) -> &'static str {
         self.policy.name()
+    }
+
+    /// The learned (or fixed) decode step model of `instance`.
+    pub fn decode_rates(&self, instance: usize) -> kvgate_core::load::DecodeRates {
+        self.router
+            .decode_rates()
+            .rates(InstanceId(instance as u32))
     }
 }
 

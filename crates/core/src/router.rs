@@ -1,0 +1,483 @@
+//! The one decision sequence: match → candidates → decide → record → predict → dispatch, and the
+//! learning that follows a dispatched request (first token, end of its decode).
+//!
+//! The gateway and the offline simulator both route through [`Router::route`], so a decision is
+//! the same function of the same inputs wherever it is made; what differs between them is only
+//! what they offer (which instances are usable, what their engines last reported) and when they
+//! report back (real streams or virtual time).
+//!
+//! Invariants:
+//! - Pure: no clock (the request carries `now`), no I/O; the peer plane enters through [`Peers`].
+//! - Every dispatch returns a [`LoadGuard`]: router-tracked load is released exactly once, when
+//!   the caller drops it.
+//! - A decision is recorded in the index (as a prediction) and shared with peers only when
+//!   [`RouterConfig::predict`] is on, and never for a prompt without a full block.
+
+use std::sync::Arc;
+
+use crate::index::{PlacementIndex, PrefixMatches};
+use crate::load::{
+    DecodeEstimator, DecodeObservation, DecodeRateConfig, EngineLoad, LoadGuard, LoadTracker,
+    OutputLengths, RateConfig, RateEstimator, RequestSize, RouterLoad,
+};
+use crate::policy::{Candidate, Decision, Policy, RouteRequest};
+use crate::{BlockHash, InstanceId, Millis, Source};
+
+/// What the router needs beyond the policy. The gateway builds it from its `[routing]` config
+/// (where the defaults live); the offline simulator reads the same.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouterConfig {
+    /// Lifetime of a predicted placement, ms.
+    pub predicted_ttl_ms: u64,
+    /// Whether decisions are inserted into the index as predictions and shared with peers.
+    pub predict: bool,
+    /// Whether the index is consulted (off: every candidate is reported holding nothing).
+    pub match_index: bool,
+    /// Prefill-rate learning.
+    pub rates: RateConfig,
+    /// Decode-rate learning.
+    pub decode_rates: DecodeRateConfig,
+    /// Expected output tokens of a request that does not bound its output, before any response
+    /// has been seen.
+    pub initial_output_tokens: f64,
+}
+
+/// The replica plane: peers' placements and load. The gateway implements it over gossip.
+pub trait Peers {
+    /// Brings peers' placements of `hashes` into the index before it is matched.
+    fn materialize(&self, hashes: &[BlockHash], now: Millis);
+    /// Peers' share of `instance`'s load.
+    fn load(&self, instance: InstanceId) -> RouterLoad;
+    /// Shares a decision: `chosen` now holds `hashes`, of which `known_blocks` it already held.
+    fn record(&self, chosen: InstanceId, hashes: &[BlockHash], known_blocks: usize, now: Millis);
+}
+
+/// A usable instance offered to a decision.
+#[derive(Clone, Copy, Debug)]
+pub struct Offer {
+    /// The instance.
+    pub id: InstanceId,
+    /// What its engine last reported (the caller marks it stale).
+    pub engine: Option<EngineLoad>,
+    /// Capacity of its KV cache in blocks, if known.
+    pub cache_capacity_blocks: Option<u64>,
+}
+
+/// Buffers reused across decisions (no allocation per request once warm).
+#[derive(Debug, Default)]
+pub struct Scratch {
+    matches: PrefixMatches,
+    candidates: Vec<Candidate>,
+}
+
+impl Scratch {
+    /// The candidates of the last decision, in offer order.
+    pub fn candidates(&self) -> &[Candidate] {
+        &self.candidates
+    }
+}
+
+/// A dispatched request.
+#[derive(Debug)]
+pub struct Routed {
+    /// The decision, with every candidate's score.
+    pub decision: Decision,
+    /// The request's share of the chosen instance's load (release by dropping).
+    pub guard: LoadGuard,
+    /// The chosen instance's fleet-wide load just before this dispatch.
+    pub at_dispatch: RouterLoad,
+    /// The longest leading run any candidate held.
+    pub best_blocks: u32,
+}
+
+impl Routed {
+    /// What the request occupies: prefill tokens, decode context, expected output.
+    pub fn size(&self) -> RequestSize {
+        self.guard.size()
+    }
+}
+
+/// The decode batch on an instance at one moment, for a decode observation.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BatchSample {
+    /// Sequences decoding.
+    pub seqs: f64,
+    /// Their total context, tokens.
+    pub context_tokens: f64,
+}
+
+impl BatchSample {
+    /// The mean of two samples (at a request's first token and at its end).
+    pub fn mean(self, other: BatchSample) -> BatchSample {
+        BatchSample {
+            seqs: (self.seqs + other.seqs) / 2.0,
+            context_tokens: (self.context_tokens + other.context_tokens) / 2.0,
+        }
+    }
+}
+
+/// Routing state shared by every request: index, load, learned rates and output lengths.
+pub struct Router {
+    cfg: RouterConfig,
+    index: Arc<PlacementIndex>,
+    load: Arc<LoadTracker>,
+    rates: RateEstimator,
+    decode: DecodeEstimator,
+    outputs: OutputLengths,
+}
+
+impl Router {
+    /// A router over `instances` instances in `pools` pools, routing against `index`.
+    pub fn new(cfg: RouterConfig, index: Arc<PlacementIndex>, instances: usize, pools: usize) -> Self {
+        Self {
+            rates: RateEstimator::new(cfg.rates.clone(), instances),
+            decode: DecodeEstimator::new(cfg.decode_rates.clone(), instances),
+            outputs: OutputLengths::new(pools, cfg.initial_output_tokens),
+            load: Arc::new(LoadTracker::new(instances)),
+            index,
+            cfg,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RouterConfig {
+        &self.cfg
+    }
+
+    /// The placement index.
+    pub fn index(&self) -> &Arc<PlacementIndex> {
+        &self.index
+    }
+
+    /// The router-tracked load.
+    pub fn load(&self) -> &Arc<LoadTracker> {
+        &self.load
+    }
+
+    /// Learned prefill rates.
+    pub fn rates(&self) -> &RateEstimator {
+        &self.rates
+    }
+
+    /// Learned decode rates.
+    pub fn decode_rates(&self) -> &DecodeEstimator {
+        &self.decode
+    }
+
+    /// Learned output lengths.
+    pub fn outputs(&self) -> &OutputLengths {
+        &self.outputs
+    }
+
+    /// Expected output tokens of a request to `pool` bounded by `max_tokens`.
+    pub fn expected_output(&self, pool: usize, max_tokens: Option<u32>) -> u32 {
+        self.outputs.expected(pool, max_tokens)
+    }
+
+    /// Decides among `offers` for `req` with `policy`, records the decision and dispatches the
+    /// request. `None` when nothing is offered.
+    pub fn route(
+        &self,
+        policy: &dyn Policy,
+        req: &RouteRequest<'_>,
+        offers: impl IntoIterator<Item = Offer>,
+        peers: Option<&dyn Peers>,
+        scratch: &mut Scratch,
+    ) -> Option<Routed> {
+        let now = req.now;
+        let matched = self.cfg.match_index && !req.hashes.is_empty();
+        if matched {
+            if let Some(p) = peers {
+                p.materialize(req.hashes, now);
+            }
+            self.index.match_prefix(req.hashes, now, &mut scratch.matches);
+        } else {
+            scratch.matches.rows.clear();
+        }
+        scratch.candidates.clear();
+        {
+            let rates = self.rates.view();
+            let decode = self.decode.view();
+            for o in offers {
+                scratch.candidates.push(Candidate {
+                    id: o.id,
+                    matched: scratch.matches.get(o.id),
+                    load: fleet_load(self.load.snapshot(o.id), peers, o.id),
+                    engine: o.engine,
+                    rates: rates.rates(o.id),
+                    decode: decode.rates(o.id),
+                    cache_capacity_blocks: o.cache_capacity_blocks,
+                });
+            }
+        }
+        let decision = policy.decide(req, &scratch.candidates)?;
+        policy.on_routed(req, decision.chosen);
+        if self.cfg.predict && !req.hashes.is_empty() {
+            self.index.predict(
+                decision.chosen,
+                req.hashes,
+                Source::Local,
+                self.cfg.predicted_ttl_ms,
+                now,
+            );
+            if let Some(p) = peers {
+                let known = scratch.matches.get(decision.chosen).total() as usize;
+                p.record(decision.chosen, req.hashes, known, now);
+            }
+        }
+        let at_dispatch = scratch
+            .candidates
+            .iter()
+            .find(|c| c.id == decision.chosen)
+            .map(|c| c.load)
+            .unwrap_or_default();
+        let cached = u64::from(decision.matched_blocks) * u64::from(req.tokens_per_block);
+        let prompt = u64::from(req.prompt_tokens);
+        let size = RequestSize::new(
+            prompt,
+            prompt.saturating_sub(cached),
+            u64::from(req.expected_output_tokens),
+        );
+        let guard = self.load.dispatch_sized(decision.chosen, size);
+        Some(Routed {
+            decision,
+            guard,
+            at_dispatch,
+            best_blocks: scratch.matches.best(),
+        })
+    }
+
+    /// The decode batch on `instance` now, fleet-wide (this router's sequences and peers').
+    pub fn batch(&self, instance: InstanceId, peers: Option<&dyn Peers>) -> BatchSample {
+        let l = fleet_load(self.load.snapshot(instance), peers, instance);
+        BatchSample {
+            seqs: f64::from(l.decoding),
+            context_tokens: l.decoding_context_tokens as f64,
+        }
+    }
+
+    /// Learns from a first token `ttft_ms` after dispatch of a request that had `uncached`
+    /// tokens to prefill with `at_dispatch` load on `instance`.
+    pub fn observe_first_token(
+        &self,
+        instance: InstanceId,
+        uncached: u64,
+        at_dispatch: RouterLoad,
+        ttft_ms: f64,
+    ) {
+        self.rates.observe(
+            instance,
+            uncached,
+            ttft_ms,
+            at_dispatch.pending_prefill_tokens,
+            at_dispatch.decoding,
+        );
+    }
+
+    /// Learns from a finished stream on `instance` of `pool`: `output_tokens` produced,
+    /// `decode_ms` from its first token to its last, in a batch like `batch` on average.
+    pub fn observe_finish(
+        &self,
+        pool: usize,
+        instance: InstanceId,
+        output_tokens: u32,
+        decode_ms: f64,
+        batch: BatchSample,
+    ) {
+        self.outputs.observe(pool, output_tokens);
+        self.decode.observe(
+            instance,
+            DecodeObservation {
+                gaps: output_tokens.saturating_sub(1),
+                decode_ms,
+                seqs: batch.seqs,
+                context_tokens: batch.context_tokens,
+            },
+        );
+    }
+}
+
+/// This router's load on `id` plus its peers' shares: the fleet-wide queue. Gossip carries
+/// peers' counts but not their sequences' sizes, so peers' decoding sequences are taken to be
+/// the size of this router's own on average.
+pub fn fleet_load(own: RouterLoad, peers: Option<&dyn Peers>, id: InstanceId) -> RouterLoad {
+    let Some(p) = peers else { return own };
+    let p = p.load(id);
+    let scale = |x: u64| -> u64 {
+        if own.decoding == 0 {
+            return x;
+        }
+        let all = u64::from(own.decoding) + u64::from(p.decoding);
+        ((x as u128 * all as u128) / u128::from(own.decoding)).min(u128::from(u64::MAX)) as u64
+    };
+    RouterLoad {
+        in_flight: own.in_flight.saturating_add(p.in_flight),
+        pending_prefill_tokens: own
+            .pending_prefill_tokens
+            .saturating_add(p.pending_prefill_tokens),
+        decoding: own.decoding.saturating_add(p.decoding),
+        decoding_context_tokens: scale(own.decoding_context_tokens)
+            .saturating_add(p.decoding_context_tokens),
+        decoding_output_tokens: scale(own.decoding_output_tokens)
+            .saturating_add(p.decoding_output_tokens),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::IndexConfig;
+    use crate::policy::{build_policy, PolicyConfig};
+    use parking_lot::Mutex;
+
+    fn router(instances: usize) -> Router {
+        let cfg = RouterConfig {
+            predicted_ttl_ms: 60_000,
+            predict: true,
+            match_index: true,
+            rates: RateConfig::default(),
+            decode_rates: DecodeRateConfig::default(),
+            initial_output_tokens: 200.0,
+        };
+        let index = Arc::new(PlacementIndex::new(IndexConfig {
+            shards: 4,
+            max_entries: 100_000,
+            default_instance_capacity: 10_000,
+        }));
+        Router::new(cfg, index, instances, 1)
+    }
+
+    fn offers(n: u32) -> Vec<Offer> {
+        (0..n)
+            .map(|i| Offer {
+                id: InstanceId(i),
+                engine: None,
+                cache_capacity_blocks: None,
+            })
+            .collect()
+    }
+
+    fn request<'a>(hashes: &'a [u64], seed: u64) -> RouteRequest<'a> {
+        RouteRequest {
+            hashes,
+            tokens_per_block: 16,
+            prompt_tokens: hashes.len() as u32 * 16,
+            expected_output_tokens: 50,
+            text: b"",
+            seed,
+            now: 1_000,
+        }
+    }
+
+    #[derive(Default)]
+    struct Recorder {
+        materialized: Mutex<usize>,
+        recorded: Mutex<Vec<(InstanceId, usize, usize)>>,
+    }
+
+    impl Peers for Recorder {
+        fn materialize(&self, _: &[BlockHash], _: Millis) {
+            *self.materialized.lock() += 1;
+        }
+        fn load(&self, _: InstanceId) -> RouterLoad {
+            RouterLoad {
+                in_flight: 2,
+                pending_prefill_tokens: 100,
+                decoding: 1,
+                decoding_context_tokens: 7,
+                decoding_output_tokens: 3,
+            }
+        }
+        fn record(&self, chosen: InstanceId, hashes: &[BlockHash], known: usize, _: Millis) {
+            self.recorded.lock().push((chosen, hashes.len(), known));
+        }
+    }
+
+    #[test]
+    fn a_decision_is_predicted_dispatched_shared_and_released() {
+        let r = router(3);
+        let policy = build_policy(&PolicyConfig::default());
+        let peers = Recorder::default();
+        let hashes: Vec<u64> = (0..8).collect();
+        let mut scratch = Scratch::default();
+        let first = r
+            .route(&*policy, &request(&hashes, 1), offers(3), Some(&peers), &mut scratch)
+            .expect("routed");
+        let chosen = first.decision.chosen;
+        assert_eq!(first.size().uncached_prefill_tokens, 128);
+        assert_eq!(first.size().expected_output_tokens, 50);
+        assert_eq!(r.load().snapshot(chosen).in_flight, 1);
+        assert_eq!(first.at_dispatch.in_flight, 2, "peers' load is counted");
+        assert_eq!(*peers.materialized.lock(), 1);
+        assert_eq!(peers.recorded.lock()[0], (chosen, 8, 0));
+        // The prediction makes the next identical prompt a full match there.
+        let second = r
+            .route(&*policy, &request(&hashes, 2), offers(3), None, &mut scratch)
+            .expect("routed");
+        let held = scratch
+            .candidates()
+            .iter()
+            .find(|c| c.id == chosen)
+            .map(|c| c.matched.total());
+        assert_eq!(held, Some(8));
+        assert_eq!(second.best_blocks, 8);
+        drop(first);
+        drop(second);
+        for i in 0..3 {
+            assert_eq!(r.load().snapshot(InstanceId(i)), RouterLoad::default());
+        }
+        // Nothing offered, nothing routed.
+        assert!(r
+            .route(&*policy, &request(&hashes, 3), Vec::new(), None, &mut scratch)
+            .is_none());
+    }
+
+    #[test]
+    fn without_prediction_the_index_is_left_alone() {
+        let mut r = router(2);
+        r.cfg.predict = false;
+        let policy = build_policy(&PolicyConfig::default());
+        let hashes: Vec<u64> = (0..4).collect();
+        let mut scratch = Scratch::default();
+        let _g = r.route(&*policy, &request(&hashes, 1), offers(2), None, &mut scratch);
+        assert!(r.index().is_empty());
+    }
+
+    #[test]
+    fn the_decode_batch_counts_peers_and_scales_their_sizes() {
+        let r = router(1);
+        let mut g = r.load().dispatch_sized(InstanceId(0), RequestSize::new(1000, 1000, 100));
+        g.first_token();
+        let own = r.batch(InstanceId(0), None);
+        assert_eq!(own, BatchSample { seqs: 1.0, context_tokens: 1050.0 });
+        let peers = Recorder::default();
+        let both = r.batch(InstanceId(0), Some(&peers));
+        // One own sequence of 1050 and one peer's, taken to be the same size (+ its own 7).
+        assert_eq!(both.seqs, 2.0);
+        assert_eq!(both.context_tokens, 2107.0);
+        assert_eq!(own.mean(both).seqs, 1.5);
+    }
+
+    #[test]
+    fn finished_streams_teach_decode_rates_and_output_lengths() {
+        let r = router(1);
+        let before = r.decode_rates().rates(InstanceId(0));
+        for _ in 0..500 {
+            r.observe_finish(
+                0,
+                InstanceId(0),
+                101,
+                100.0 * 40.0,
+                BatchSample {
+                    seqs: 4.0,
+                    context_tokens: 40_000.0,
+                },
+            );
+        }
+        let after = r.decode_rates().rates(InstanceId(0));
+        assert!(after.tpot_ms(4.0, 40_000.0) > 2.0 * before.tpot_ms(4.0, 40_000.0));
+        assert!((after.tpot_ms(4.0, 40_000.0) - 40.0).abs() < 4.0, "{after:?}");
+        assert!(r.expected_output(0, None) < 200);
+        assert_eq!(r.expected_output(0, Some(9)), 9);
+    }
+}
