@@ -12,7 +12,7 @@ use super::common::{synth_workload, WorkloadArgs};
 /// Flags of `synth`.
 #[derive(Debug, Args)]
 pub struct SynthArgs {
-    /// Workload: system-prompt, chat, agent, rag, mix.
+    /// Workload: system-prompt, chat, agent, rag, long, mix.
     #[arg(long, default_value = "mix")]
     pub workload: String,
     /// JSON file with the workload and its parameters (overrides --workload), e.g.
