@@ -126,7 +126,9 @@ fn cli_writes_a_json_report() {
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let out = dir.join("report.json");
     let args = OfflineArgs {
-        trace: data("conversation_slice.jsonl"),
+        trace: Some(data("conversation_slice.jsonl")),
+        synth: None,
+        synth_seed: 1,
         trace_block_tokens: 512,
         max_requests: Some(80),
         engines: 3,

@@ -19,14 +19,23 @@ use super::runner::{references, run_policies, run_with_references, OfflineConfig
 use super::utilisation::{find_speed_up, SpeedUpFit};
 use super::workload::Workload;
 use super::OfflineError;
+use crate::synth;
 use crate::trace::Trace;
 
 /// Arguments of `kvgate-loadtest offline`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct OfflineArgs {
     /// Mooncake-format JSONL trace.
-    #[arg(long)]
-    pub trace: PathBuf,
+    #[arg(long, required_unless_present = "synth", conflicts_with = "synth")]
+    pub trace: Option<PathBuf>,
+    /// A synthetic workload instead of a trace, with its default parameters: system-prompt,
+    /// chat, agent, rag, long, mix (cut in `--trace-block-tokens` blocks).
+    #[arg(long, value_name = "KIND")]
+    pub synth: Option<String>,
+    /// Seed of the synthetic workload (independent of `--seed`, so tie-breaking can be varied on
+    /// the same workload).
+    #[arg(long, default_value_t = 1)]
+    pub synth_seed: u64,
     /// Tokens per trace block (`hash_ids` granularity).
     #[arg(long, default_value_t = 512)]
     pub trace_block_tokens: u32,
@@ -109,8 +118,11 @@ pub enum RatesMode {
 /// Parameters a report was produced with.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunParams {
-    /// Trace path.
+    /// Trace path, or `synth:KIND` for a synthetic workload.
     pub trace: String,
+    /// Seed of the synthetic workload, when one was generated.
+    #[serde(default)]
+    pub synth_seed: Option<u64>,
     /// Requests replayed.
     pub requests: usize,
     /// Engines.
@@ -183,7 +195,24 @@ fn typical_context(w: &Workload) -> u32 {
 /// Runs the `offline` subcommand: simulates, prints the summary table, writes the JSON report.
 pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
     let started = Instant::now();
-    let mut trace = Trace::load_with(&args.trace, args.trace_block_tokens)?;
+    let (mut trace, source) = match (&args.trace, &args.synth) {
+        (Some(path), _) => (
+            Trace::load_with(path, args.trace_block_tokens)?,
+            path.display().to_string(),
+        ),
+        (None, Some(kind)) => {
+            let w = synth::Workload::named(kind).map_err(|e| OfflineError::Param(e.to_string()))?;
+            let t = w
+                .generate(args.synth_seed, args.trace_block_tokens)
+                .map_err(|e| OfflineError::Param(e.to_string()))?;
+            (t, format!("synth:{kind}"))
+        }
+        (None, None) => {
+            return Err(OfflineError::Param(
+                "give --trace FILE or --synth KIND".into(),
+            ))
+        }
+    };
     if let Some(n) = args.max_requests {
         trace = trace.slice(Some(n), None);
     }
@@ -268,7 +297,8 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
     };
     let report = OfflineReport {
         params: RunParams {
-            trace: args.trace.display().to_string(),
+            trace: source,
+            synth_seed: args.synth.as_ref().map(|_| args.synth_seed),
             requests: workload.requests.len(),
             engines: cfg.fleet.engines,
             preset: args.preset.clone(),
