@@ -88,8 +88,9 @@ pub struct RouterSettings {
     /// learns them (starting from these settings, whose starting values are used instead of
     /// `rates`); otherwise `rates` stay fixed.
     pub learn_rates: Option<RateConfig>,
-    /// Capacity of each instance's KV cache in blocks, as the engine would report it.
-    pub capacity_blocks: u64,
+    /// Capacity of each instance's KV cache in blocks, as the engine would report it, in
+    /// instance order (instances of different classes differ).
+    pub capacity_blocks: Vec<u64>,
     /// The index's per-instance entry bound as a multiple of `capacity_blocks`: above 1 leaves
     /// room for predictions beside the event-sourced entries that mirror a full engine cache.
     pub index_capacity_factor: f64,
@@ -101,8 +102,8 @@ impl RouterSettings {
     /// The gateway's `[routing]` defaults (predicted TTL 120 s, 64 index shards, 8 M entries,
     /// expiry sweep every second, starting rates 8,000 prefill tokens/s and 0.5 ms decode
     /// interference), both index sources, metrics scraped every second, and `capacity_blocks`
-    /// per instance as the engines report it, with an index bound of twice that.
-    pub fn gateway_defaults(capacity_blocks: u64) -> Self {
+    /// of each instance as the engines report it, with an index bound of twice that.
+    pub fn gateway_defaults(capacity_blocks: Vec<u64>) -> Self {
         Self {
             index_mode: IndexMode::Both,
             predicted_ttl_ms: 120_000,
@@ -191,10 +192,10 @@ impl SimRouter {
             .learn_rates
             .clone()
             .map(|cfg| RateEstimator::new(cfg, instances));
-        let index_capacity =
-            (settings.capacity_blocks as f64 * settings.index_capacity_factor.max(0.0)).ceil();
-        for i in 0..instances {
-            index.set_instance_capacity(InstanceId(i as u32), (index_capacity as usize).max(1));
+        // An instance without a listed capacity keeps the index's default bound.
+        for (i, &cap) in settings.capacity_blocks.iter().enumerate().take(instances) {
+            let bound = (cap as f64 * settings.index_capacity_factor.max(0.0)).ceil();
+            index.set_instance_capacity(InstanceId(i as u32), (bound as usize).max(1));
         }
         let mut guards = Vec::with_capacity(requests);
         guards.resize_with(requests, || None);
@@ -263,7 +264,7 @@ impl SimRouter {
                     Some(e) => e.rates(inst),
                     None => self.settings.rates,
                 },
-                cache_capacity_blocks: Some(self.settings.capacity_blocks),
+                cache_capacity_blocks: self.settings.capacity_blocks.get(i).copied(),
             });
         }
         let route_req = RouteRequest {
