@@ -347,7 +347,10 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
             engines: cfg.fleet.len(),
             preset: match &args.fleet {
                 Some(m) if !m.is_uniform() => m.to_string(),
-                Some(m) => m.groups()[0].preset.clone(),
+                Some(m) => m
+                    .groups()
+                    .first()
+                    .map_or_else(|| args.preset.clone(), |g| g.preset.clone()),
                 None => args.preset.clone(),
             },
             engine: params,
