@@ -200,8 +200,8 @@ async fn serve(mut cfg: Config, threads: usize) -> Result<()> {
     let embedded = if cfg.pools.is_empty() {
         let fleet = start_embedded(&mut cfg).await?;
         tracing::warn!(
-            engines = cfg.sim.engines,
-            preset = %cfg.sim.preset,
+            engines = cfg.sim.engine_count(),
+            fleet = %cfg.sim.describe(),
             "no [[pools]] configured: fronting an EMBEDDED SIMULATED FLEET (no real model); configure pools to serve real instances"
         );
         Some(fleet)

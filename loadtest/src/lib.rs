@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //! - [`trace`]: the Mooncake JSONL trace format (parse, write, slice, speed up, stats).
-//! - [`synth`]: seeded synthetic workloads (system prompt, chat, agent, RAG, mix) in that format.
+//! - [`synth`]: seeded synthetic workloads (system prompt, chat, agent, RAG, long prompts, mix) in
+//!   that format.
 //! - [`prompt`]: prompt text whose blocks are identical exactly when the trace's ids are.
 //! - [`replay`]: open-loop streaming replay with per-request measurements.
 //! - [`fleet_metrics`]: the engines' own counters (hit ratio, request counts, load over time).

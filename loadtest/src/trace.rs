@@ -104,6 +104,15 @@ pub struct TraceStats {
     pub input_max: u32,
     /// Mean output length, tokens.
     pub output_mean: f64,
+    /// Median output length, tokens.
+    pub output_p50: u32,
+    /// 99th percentile output length, tokens.
+    pub output_p99: u32,
+    /// Longest output, tokens.
+    pub output_max: u32,
+    /// Fraction of requests whose first full block appeared in an earlier request (they share a
+    /// prefix with something seen before).
+    pub prefix_reuse_requests: f64,
     /// Total prompt tokens.
     pub total_input_tokens: u64,
     /// Number of distinct block ids (the working set in blocks).
@@ -281,15 +290,13 @@ impl Trace {
         let n = self.requests.len();
         let mut inputs: Vec<u32> = self.requests.iter().map(|r| r.input_length).collect();
         inputs.sort_unstable();
+        let mut outputs: Vec<u32> = self.requests.iter().map(|r| r.output_length).collect();
+        outputs.sort_unstable();
         let total_in: u64 = inputs.iter().map(|&x| u64::from(x)).sum();
-        let total_out: u64 = self
-            .requests
-            .iter()
-            .map(|r| u64::from(r.output_length))
-            .sum();
+        let total_out: u64 = outputs.iter().map(|&x| u64::from(x)).sum();
         let mut seen = ahash::AHashSet::new();
         let (mut blocks_total, mut blocks_hit) = (0u64, 0u64);
-        let mut tokens_hit = 0u64;
+        let (mut tokens_hit, mut reusing) = (0u64, 0u64);
         for r in &self.requests {
             let full = r.full_blocks(self.block_tokens);
             // Ids are prefix-chained, so the hit is the longest prefix of already-seen full blocks.
@@ -297,17 +304,18 @@ impl Trace {
                 .iter()
                 .take_while(|id| seen.contains(*id))
                 .count();
+            reusing += u64::from(hit > 0);
             blocks_total += r.hash_ids.len() as u64;
             blocks_hit += hit as u64;
             tokens_hit += hit as u64 * u64::from(self.block_tokens);
             seen.extend(r.hash_ids.iter().copied());
         }
         let duration_s = self.duration().as_secs_f64();
-        let pick = |q: f64| -> u32 {
-            if inputs.is_empty() {
+        let pick = |sorted: &[u32], q: f64| -> u32 {
+            if sorted.is_empty() {
                 0
             } else {
-                inputs[((q * (n - 1) as f64).round() as usize).min(n - 1)]
+                sorted[((q * (n - 1) as f64).round() as usize).min(n - 1)]
             }
         };
         TraceStats {
@@ -319,10 +327,14 @@ impl Trace {
                 0.0
             },
             input_mean: ratio(total_in, n as u64),
-            input_p50: pick(0.5),
-            input_p99: pick(0.99),
+            input_p50: pick(&inputs, 0.5),
+            input_p99: pick(&inputs, 0.99),
             input_max: inputs.last().copied().unwrap_or(0),
             output_mean: ratio(total_out, n as u64),
+            output_p50: pick(&outputs, 0.5),
+            output_p99: pick(&outputs, 0.99),
+            output_max: outputs.last().copied().unwrap_or(0),
+            prefix_reuse_requests: ratio(reusing, n as u64),
             total_input_tokens: total_in,
             distinct_blocks: seen.len(),
             infinite_hit_ratio_blocks: ratio(blocks_hit, blocks_total),
@@ -462,6 +474,8 @@ mod tests {
         assert!((s.infinite_hit_ratio_blocks - 0.25).abs() < 1e-9);
         assert!((s.infinite_hit_ratio_tokens - 0.25).abs() < 1e-9);
         assert!((s.output_mean - 2.0).abs() < 1e-9);
+        assert_eq!((s.output_p50, s.output_max), (3, 3));
+        assert!((s.prefix_reuse_requests - 0.5).abs() < 1e-9);
         assert!((s.mean_rate - 2.0).abs() < 1e-9);
     }
 }

@@ -99,3 +99,31 @@ async fn each_contender_runs_on_a_fresh_fleet() {
     );
     let _ = std::fs::remove_dir_all(&cfg.log_dir);
 }
+
+/// A fleet of two engine classes: each engine runs its own preset, the gateway is told each
+/// one's capacity, and the results name every engine's class.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_fleet_is_started_with_each_engines_class() {
+    let mut cfg = config(vec![ContenderSpec::kvgate(PolicyName::RoundRobin)]);
+    cfg.fleet.fleet = Some(
+        "llama3-8b-h100:1,llama3-8b-a100-40gb:1"
+            .parse()
+            .expect("fleet string"),
+    );
+    cfg.fleet.engine.num_cpu_blocks = Some(512);
+    let b = PromptBuilder::builtin(ApiKind::Chat, 64, 1).unwrap();
+    let results = compare::run(&trace(), &b, &cfg).await;
+    let r = &results[0];
+    let s = r
+        .summary
+        .as_ref()
+        .unwrap_or_else(|| panic!("{}: {:?}", r.name, r.error));
+    assert_eq!((s.sent, s.ok, s.error_total), (12, 12, 0));
+    assert_eq!(r.engine_presets, ["llama3-8b-h100", "llama3-8b-a100-40gb"]);
+    assert_eq!(r.engines.len(), 2);
+    assert!(
+        s.instance_share.values().all(|&v| (v - 0.5).abs() < 1e-9),
+        "{s:?}"
+    );
+    let _ = std::fs::remove_dir_all(&cfg.log_dir);
+}

@@ -36,7 +36,7 @@ fn fleet(engines: usize, gpu_blocks: u32) -> FleetSpec {
         num_gpu_blocks: gpu_blocks,
         ..Default::default()
     };
-    FleetSpec { engines, params }
+    FleetSpec::uniform(engines, params)
 }
 
 fn config(fleet: FleetSpec, seed: u64) -> OfflineConfig {
@@ -95,7 +95,7 @@ fn conversations(
 }
 
 fn run(trace: &Trace, fleet: FleetSpec, policies: &[&str], speed_up: f64) -> Vec<PolicyResult> {
-    let w = Workload::from_trace(trace, fleet.params.block_size, speed_up).expect("workload");
+    let w = Workload::from_trace(trace, fleet.block_size(), speed_up).expect("workload");
     let names: Vec<String> = policies.iter().map(|s| s.to_string()).collect();
     run_policies(&w, &config(fleet, 7), &names).expect("simulation")
 }

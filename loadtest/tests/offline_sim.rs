@@ -28,10 +28,11 @@ fn setup(seed: u64, index: IndexMode) -> (Workload, OfflineConfig) {
         num_gpu_blocks: 8000,
         ..Default::default()
     };
-    let fleet = FleetSpec { engines: 4, params };
-    let w = Workload::from_trace(&trace, fleet.params.block_size, 2.0).expect("workload");
+    let w = Workload::from_trace(&trace, params.block_size, 2.0).expect("workload");
+    let rates = nominal_rates(&params, 8192);
+    let fleet = FleetSpec::uniform(4, params);
     let mut router = gateway_router_settings(&fleet, index, None, 1000);
-    router.rates = nominal_rates(&fleet.params, 8192);
+    router.rates = rates;
     let cfg = OfflineConfig {
         router,
         fleet,
@@ -126,11 +127,14 @@ fn cli_writes_a_json_report() {
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let out = dir.join("report.json");
     let args = OfflineArgs {
-        trace: data("conversation_slice.jsonl"),
+        trace: Some(data("conversation_slice.jsonl")),
+        synth: None,
+        synth_seed: 1,
         trace_block_tokens: 512,
         max_requests: Some(80),
         engines: 3,
         preset: "llama3-8b-h100".into(),
+        fleet: None,
         capacity_blocks: Some(6000),
         cpu_blocks: Some(2000),
         speed_up: Some(2.0),

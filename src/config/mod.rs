@@ -308,8 +308,13 @@ impl Config {
             ));
         }
         if self.pools.is_empty() {
-            if !(1..=256).contains(&self.sim.engines) {
-                return Err(invalid("sim.engines", "must be between 1 and 256"));
+            if !(1..=256).contains(&self.sim.engine_count()) {
+                let key = if self.sim.fleet.is_some() {
+                    "sim.fleet"
+                } else {
+                    "sim.engines"
+                };
+                return Err(invalid(key, "must give between 1 and 256 engines"));
             }
             self.sim
                 .validate()

@@ -6,6 +6,7 @@ use clap::Args;
 
 use crate::error::SimError;
 use crate::fleet::{Fleet, FleetConfig};
+use crate::fleet_mix::FleetMix;
 use crate::kv_events::EventEncoding;
 use crate::server::Flavour;
 
@@ -21,9 +22,14 @@ pub struct SimArgs {
     /// First HTTP port (0 = OS-chosen ports).
     #[arg(long)]
     pub base_port: Option<u16>,
-    /// Model/GPU class: llama3-8b-h100, qwen-32b-h200, llama3-70b-4xh100, tiny-cpu.
+    /// Model/GPU class: llama3-8b-h100, llama3-8b-a100-40gb, qwen-32b-h200, llama3-70b-4xh100,
+    /// tiny-cpu.
     #[arg(long)]
     pub preset: Option<String>,
+    /// Engines of several classes instead of --engines/--preset, in engine order, e.g.
+    /// `llama3-8b-h100:4,llama3-8b-a100-40gb:4` (a group without `:COUNT` is one engine).
+    #[arg(long, value_name = "PRESET:COUNT,...", conflicts_with_all = ["engines", "preset"])]
+    pub fleet: Option<FleetMix>,
     /// Served model name.
     #[arg(long)]
     pub model: Option<String>,
@@ -104,9 +110,16 @@ impl SimArgs {
                 }
             };
         }
+        // Flags override the file: --engines or --preset replace a fleet it describes.
+        if self.engines.is_some() || self.preset.is_some() {
+            c.fleet = None;
+        }
         set!(self.engines, c.engines);
         set!(self.base_port, c.base_port);
         set!(self.preset, c.preset);
+        if self.fleet.is_some() {
+            c.fleet = self.fleet.clone();
+        }
         set!(self.model, c.model);
         set!(self.flavour, c.flavour);
         set!(self.time_scale, c.time_scale);
@@ -148,14 +161,15 @@ pub async fn run(args: SimArgs) -> Result<(), SimError> {
     let cfg = args.to_config()?;
     let params = cfg.engine_params()?;
     let fleet = Fleet::start(cfg.clone()).await?;
-    let list =
-        serde_json::to_string(&fleet.instances()).map_err(|e| SimError::Config(e.to_string()))?;
+    let instances = fleet.instances();
+    let list = serde_json::to_string(&instances).map_err(|e| SimError::Config(e.to_string()))?;
     println!("{list}");
+    let gpu_blocks: Vec<u64> = instances.iter().map(|i| i.capacity_blocks).collect();
     tracing::info!(
-        engines = cfg.engines,
-        preset = %cfg.preset,
+        engines = cfg.engine_count(),
+        fleet = %cfg.describe(),
         block_size = params.block_size,
-        gpu_blocks = params.num_gpu_blocks,
+        gpu_blocks = ?gpu_blocks,
         time_scale = cfg.time_scale,
         "simulated fleet running; Ctrl-C to stop"
     );
@@ -202,5 +216,40 @@ mod tests {
         assert_eq!(c.faults.slow_factor, 2.0);
         let bad = Cli::parse_from(["x", "--time-scale", "0"]);
         assert!(bad.sim.to_config().is_err());
+    }
+
+    #[test]
+    fn fleet_flag_describes_mixed_engines() {
+        let cli = Cli::parse_from([
+            "x",
+            "--fleet",
+            "llama3-8b-h100:2,llama3-8b-a100-40gb:2",
+            "--num-cpu-blocks",
+            "64",
+        ]);
+        let c = cli.sim.to_config().unwrap();
+        assert_eq!(c.engine_count(), 4);
+        let p = c.per_engine_params().unwrap();
+        assert_eq!(p[1].1.num_gpu_blocks, 24_576);
+        assert_eq!(p[3].1.num_gpu_blocks, 8_192);
+        assert!(p.iter().all(|(_, p)| p.num_cpu_blocks == 64));
+        // Clear messages for bad strings, and no mixing with --engines / --preset.
+        let e = Cli::try_parse_from(["x", "--fleet", "llama3-8b-h100:four"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("bad engine count \"four\" for llama3-8b-h100"),
+            "{e}"
+        );
+        let e = Cli::try_parse_from(["x", "--fleet", "gpu:4"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("unknown preset \"gpu\""), "{e}");
+        assert!(Cli::try_parse_from(["x", "--fleet", "tiny-cpu:2", "--engines", "2"]).is_err());
+        assert!(
+            Cli::try_parse_from(["x", "--fleet", "tiny-cpu:2", "--preset", "tiny-cpu"]).is_err()
+        );
     }
 }

@@ -1,6 +1,10 @@
 //! A fleet of simulated engines in one process, each with its own port, cache, queue, metrics
 //! and KV-event sockets. [`FleetConfig`] is the single place of the simulator's defaults.
 //!
+//! Engines may be of different classes ([`FleetConfig::fleet`], e.g. four H100s and four A100s):
+//! each gets its own preset's parameters with the same [`EngineOverrides`] on top, and all of them
+//! must end up with one block size, since a router pool hashes prompts in one block size.
+//!
 //! Ports: HTTP on `base_port + i` (or OS-chosen with 0); KV events on `event_base_port + i` and
 //! replay on `event_base_port + engines + i` (or OS-chosen with 0), all bound on 127.0.0.1. With
 //! `kv_events_endpoint`, engine `i` publishes to that vLLM-style endpoint with its port + `i`
@@ -14,13 +18,18 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
 use crate::error::SimError;
+use crate::fleet_mix::FleetMix;
 use crate::kv_events::{BindMode, EventEncoding, PublisherConfig};
 use crate::model::params::preset;
 use crate::model::{EngineParams, TimingParams};
 use crate::server::faults::Faults;
 use crate::server::{EngineConfig, Flavour, RunningEngine};
 
-/// Overrides of preset-derived engine parameters (unset = the preset's value).
+/// Overrides of preset-derived engine parameters (unset = the preset's value). In a fleet of
+/// several classes they apply to every engine, each on top of its own preset: `kv_memory_gib`
+/// gives each the capacity of that memory for its own geometry, `num_gpu_blocks` gives them all
+/// the same count, and `timing` replaces every engine's timing (erasing the classes' speed
+/// difference).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EngineOverrides {
@@ -48,14 +57,17 @@ pub struct EngineOverrides {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FleetConfig {
-    /// Number of engines.
+    /// Number of engines (unused when `fleet` is set).
     pub engines: usize,
     /// First HTTP port (0 = OS picks every port).
     pub base_port: u16,
     /// Served model name.
     pub model: String,
-    /// Model/GPU class preset.
+    /// Model/GPU class preset of every engine (unused when `fleet` is set).
     pub preset: String,
+    /// Engines of several classes, `PRESET:COUNT[,PRESET:COUNT...]`: when set, it gives the
+    /// number of engines and each one's preset, in that order.
+    pub fleet: Option<FleetMix>,
     /// vLLM or SGLang flavour.
     pub flavour: Flavour,
     /// Divides every duration (10 = ten times faster than real).
@@ -91,6 +103,7 @@ impl Default for FleetConfig {
             base_port: 0,
             model: "kvgate-sim".to_string(),
             preset: "llama3-8b-h100".to_string(),
+            fleet: None,
             flavour: Flavour::Vllm,
             time_scale: 1.0,
             kv_events: true,
@@ -109,12 +122,80 @@ impl Default for FleetConfig {
 }
 
 impl FleetConfig {
-    /// Engine parameters: the preset with the overrides applied, validated.
+    /// Number of engines: the fleet's when `fleet` is set, else `engines`.
+    pub fn engine_count(&self) -> usize {
+        self.fleet.as_ref().map_or(self.engines, FleetMix::engines)
+    }
+
+    /// The preset of every engine, in engine order.
+    pub fn engine_presets(&self) -> Vec<&str> {
+        match &self.fleet {
+            Some(m) => m.engine_presets(),
+            None => vec![self.preset.as_str(); self.engines],
+        }
+    }
+
+    /// What the fleet is made of, for logs and reports: `4 × llama3-8b-h100` or the fleet string.
+    pub fn describe(&self) -> String {
+        match &self.fleet {
+            Some(m) => m.to_string(),
+            None => format!("{} × {}", self.engines, self.preset),
+        }
+    }
+
+    /// Parameters of the first engine: those of every engine unless `fleet` mixes classes (see
+    /// [`FleetConfig::per_engine_params`]).
     pub fn engine_params(&self) -> Result<EngineParams, SimError> {
-        let pre = preset(&self.preset).ok_or_else(|| {
+        let first = match &self.fleet {
+            Some(m) => m
+                .groups()
+                .first()
+                .map_or(self.preset.as_str(), |g| &g.preset),
+            None => &self.preset,
+        };
+        self.params_for(first)
+    }
+
+    /// Every engine's preset and parameters, in engine order, validated; refuses a fleet whose
+    /// engines would not share one block size.
+    pub fn per_engine_params(&self) -> Result<Vec<(String, EngineParams)>, SimError> {
+        if self.engine_count() > crate::fleet_mix::MAX_ENGINES {
+            return Err(SimError::Config(format!(
+                "engines must be in 1..={}",
+                crate::fleet_mix::MAX_ENGINES
+            )));
+        }
+        let mut by_preset: Vec<(&str, EngineParams)> = Vec::new();
+        let mut out = Vec::with_capacity(self.engine_count());
+        for name in self.engine_presets() {
+            let p = match by_preset.iter().find(|(n, _)| *n == name) {
+                Some((_, p)) => p.clone(),
+                None => {
+                    let p = self.params_for(name)?;
+                    if let Some((other, q)) = by_preset.first() {
+                        if q.block_size != p.block_size {
+                            return Err(SimError::Config(format!(
+                                "the engines of one fleet must share a block size (a router pool \
+                                 hashes in one): {other} uses {}, {name} {}; set one with block_size \
+                                 (--block-size)",
+                                q.block_size, p.block_size
+                            )));
+                        }
+                    }
+                    by_preset.push((name, p.clone()));
+                    p
+                }
+            };
+            out.push((name.to_string(), p));
+        }
+        Ok(out)
+    }
+
+    /// Parameters of `preset_name` with the overrides applied, validated.
+    pub fn params_for(&self, preset_name: &str) -> Result<EngineParams, SimError> {
+        let pre = preset(preset_name).ok_or_else(|| {
             SimError::Config(format!(
-                "unknown preset {:?}; known: {}",
-                self.preset,
+                "unknown preset {preset_name:?}; known: {}",
                 crate::model::PRESET_NAMES.join(", ")
             ))
         })?;
@@ -166,23 +247,27 @@ impl FleetConfig {
 
     /// Checks the whole configuration.
     pub fn validate(&self) -> Result<(), SimError> {
-        if self.engines == 0 || self.engines > 1024 {
-            return Err(SimError::Config("engines must be in 1..=1024".into()));
+        let engines = self.engine_count();
+        if engines == 0 || engines > crate::fleet_mix::MAX_ENGINES {
+            return Err(SimError::Config(format!(
+                "engines must be in 1..={}",
+                crate::fleet_mix::MAX_ENGINES
+            )));
         }
         if !self.time_scale.is_finite() || self.time_scale <= 0.0 || self.time_scale > 100_000.0 {
             return Err(SimError::Config("time_scale must be in (0, 100000]".into()));
         }
-        if self.base_port != 0 && u32::from(self.base_port) + self.engines as u32 > 65_536 {
+        if self.base_port != 0 && u32::from(self.base_port) + engines as u32 > 65_536 {
             return Err(SimError::Config("base_port + engines exceeds 65535".into()));
         }
         if self.event_base_port != 0
-            && u32::from(self.event_base_port) + 2 * self.engines as u32 > 65_536
+            && u32::from(self.event_base_port) + 2 * engines as u32 > 65_536
         {
             return Err(SimError::Config(
                 "event_base_port + 2 × engines exceeds 65535".into(),
             ));
         }
-        self.engine_params().map(|_| ())
+        self.per_engine_params().map(|_| ())
     }
 }
 
@@ -203,6 +288,9 @@ pub struct SimInstanceInfo {
     pub replay_endpoint: Option<String>,
     /// GPU capacity in blocks.
     pub capacity_blocks: u64,
+    /// The engine's preset (model/GPU class).
+    #[serde(default)]
+    pub preset: String,
 }
 
 /// A running fleet.
@@ -239,13 +327,13 @@ impl Fleet {
         tokens: Arc<TokenMode>,
     ) -> Result<Fleet, SimError> {
         cfg.validate()?;
-        let params = cfg.engine_params()?;
+        let params = cfg.per_engine_params()?;
         let mut fleet = Fleet {
-            engines: Vec::with_capacity(cfg.engines),
+            engines: Vec::with_capacity(params.len()),
             infos: Vec::new(),
         };
-        for i in 0..cfg.engines {
-            match start_one(&cfg, &params, tokens.clone(), i).await {
+        for (i, (preset_name, p)) in params.iter().enumerate() {
+            match start_one(&cfg, preset_name, p, tokens.clone(), i).await {
                 Ok((e, info)) => {
                     fleet.engines.push(e);
                     fleet.infos.push(info);
@@ -288,6 +376,7 @@ impl Fleet {
 
 async fn start_one(
     cfg: &FleetConfig,
+    preset_name: &str,
     params: &EngineParams,
     tokens: Arc<TokenMode>,
     i: usize,
@@ -321,7 +410,7 @@ async fn start_one(
             let p = if cfg.event_base_port == 0 {
                 0
             } else {
-                u32::from(cfg.event_base_port) + (cfg.engines + i) as u32
+                u32::from(cfg.event_base_port) + (cfg.engine_count() + i) as u32
             };
             format!("tcp://127.0.0.1:{p}")
         });
@@ -364,6 +453,7 @@ async fn start_one(
             .as_ref()
             .and_then(|p| p.replay_endpoint().map(str::to_string)),
         capacity_blocks: u64::from(params.num_gpu_blocks),
+        preset: preset_name.to_string(),
     };
     Ok((engine, info))
 }
@@ -385,5 +475,41 @@ mod tests {
         assert!(c.validate().is_err());
         let r: Result<FleetConfig, _> = serde_json::from_str(r#"{"engines": 2, "nope": 1}"#);
         assert!(r.is_err());
+    }
+
+    #[test]
+    fn a_mixed_fleet_gives_each_engine_its_class() {
+        let c: FleetConfig = serde_json::from_str(
+            r#"{"engines": 3, "fleet": "llama3-8b-h100:2,llama3-8b-a100-40gb:1",
+                "engine": {"num_cpu_blocks": 100}}"#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.engine_count(), 3);
+        assert_eq!(c.describe(), "llama3-8b-h100:2,llama3-8b-a100-40gb:1");
+        let p = c.per_engine_params().unwrap();
+        let blocks: Vec<u32> = p.iter().map(|(_, p)| p.num_gpu_blocks).collect();
+        assert_eq!(blocks, [24_576, 24_576, 8_192]);
+        assert!(p.iter().all(|(_, p)| p.num_cpu_blocks == 100));
+        assert!(p[2].1.timing.prefill_us_per_token > p[0].1.timing.prefill_us_per_token);
+        assert_eq!(p[2].0, "llama3-8b-a100-40gb");
+        // Memory overrides derive each class's capacity from its own geometry.
+        let mut half = c.clone();
+        half.engine.kv_memory_gib = Some(8.0);
+        let p = half.per_engine_params().unwrap();
+        assert!(p.iter().all(|(_, p)| p.num_gpu_blocks == 4_096));
+        // Engines of one fleet share a block size.
+        let mut mixed_blocks = c.clone();
+        mixed_blocks.fleet = Some("llama3-8b-h100:1,tiny-cpu:1".parse().unwrap());
+        let e = mixed_blocks.validate().unwrap_err().to_string();
+        assert!(e.contains("block size") && e.contains("tiny-cpu"), "{e}");
+        mixed_blocks.engine.block_size = Some(32);
+        mixed_blocks.validate().unwrap();
+        // Without a fleet, engines and preset decide, as before.
+        let plain = FleetConfig::default();
+        assert_eq!(plain.engine_presets(), ["llama3-8b-h100"; 4]);
+        assert_eq!(plain.describe(), "4 × llama3-8b-h100");
+        let e = serde_json::from_str::<FleetConfig>(r#"{"fleet": "h100:4"}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown preset"), "{e}");
     }
 }

@@ -17,7 +17,7 @@ pub struct WorkloadArgs {
     /// Mooncake-format JSONL trace.
     #[arg(long, conflicts_with = "synth")]
     pub trace: Option<PathBuf>,
-    /// Synthetic workload instead of a trace: system-prompt, chat, agent, rag, mix.
+    /// Synthetic workload instead of a trace: system-prompt, chat, agent, rag, long, mix.
     #[arg(long)]
     pub synth: Option<String>,
     /// Seed of the synthetic workload and of the prompt text.
@@ -58,15 +58,7 @@ impl WorkloadArgs {
 
 /// A named synthetic workload with default parameters.
 pub fn synth_workload(kind: &str) -> anyhow::Result<Workload> {
-    use kvgate_loadtest::synth::{agent, chat, rag, system_prompt};
-    Ok(match kind {
-        "system-prompt" => Workload::SystemPrompt(system_prompt::SystemPromptParams::default()),
-        "chat" => Workload::Chat(chat::ChatParams::default()),
-        "agent" => Workload::Agent(agent::AgentParams::default()),
-        "rag" => Workload::Rag(rag::RagParams::default()),
-        "mix" => Workload::default_mix(),
-        other => bail!("unknown workload {other:?}: system-prompt, chat, agent, rag, mix"),
-    })
+    Ok(Workload::named(kind)?)
 }
 
 /// Prompt synthesis flags.

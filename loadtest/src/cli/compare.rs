@@ -10,7 +10,7 @@ use kvgate_loadtest::compare::{self, CompareConfig, ContenderSpec};
 use kvgate_loadtest::replay::{Arrivals, ReplayConfig};
 use kvgate_loadtest::report::{table, Report};
 use kvgate_loadtest::sizing::{self, FleetShape};
-use kvgate_sim::{EngineOverrides, FleetConfig};
+use kvgate_sim::{EngineOverrides, FleetConfig, FleetMix};
 
 use super::common::{command_line, OutputArgs, PromptArgs, WorkloadArgs};
 use super::replay::secs;
@@ -43,7 +43,12 @@ pub struct CompareArgs {
     /// Engine model/GPU class (simulator preset).
     #[arg(long, default_value = "llama3-8b-h100")]
     pub preset: String,
-    /// GPU KV memory per engine, GiB (capacity from the preset's geometry).
+    /// Engines of several classes instead of --engines/--preset, in instance order, e.g.
+    /// `llama3-8b-h100:4,llama3-8b-a100-40gb:4`; each engine runs its own preset, with the
+    /// capacity flags below applied to every engine.
+    #[arg(long, value_name = "PRESET:COUNT,...", conflicts_with_all = ["engines", "preset"])]
+    pub fleet: Option<FleetMix>,
+    /// GPU KV memory per engine, GiB (capacity from each preset's geometry).
     #[arg(long)]
     pub kv_memory_gib: Option<f64>,
     /// GPU KV blocks per engine (overrides the memory-derived capacity).
@@ -107,6 +112,7 @@ pub async fn run(a: CompareArgs) -> anyhow::Result<()> {
     let fleet = FleetConfig {
         engines: a.engines,
         preset: a.preset.clone(),
+        fleet: a.fleet.clone(),
         time_scale: a.time_scale,
         engine: EngineOverrides {
             kv_memory_gib: a.kv_memory_gib,
@@ -153,13 +159,8 @@ pub async fn run(a: CompareArgs) -> anyhow::Result<()> {
         model_time: !a.wall_time,
     };
     let references = if a.references {
-        let shape = FleetShape::new(
-            &a.preset,
-            a.engines,
-            a.kv_memory_gib,
-            a.gpu_blocks,
-            a.cpu_blocks,
-        )?;
+        // The same engines the comparison starts, each with its own capacity.
+        let shape = FleetShape::from_config(&fleet)?;
         let sped = trace.speed_up(a.speed_up)?;
         let r = sizing::size(&sped, &shape, true)?;
         eprintln!(

@@ -6,13 +6,14 @@ use anyhow::Context;
 use clap::Args;
 use kvgate_loadtest::sizing::{self, FleetShape};
 use kvgate_loadtest::synth::Workload;
+use kvgate_sim::{EngineOverrides, FleetConfig, FleetMix};
 
 use super::common::{synth_workload, WorkloadArgs};
 
 /// Flags of `synth`.
 #[derive(Debug, Args)]
 pub struct SynthArgs {
-    /// Workload: system-prompt, chat, agent, rag, mix.
+    /// Workload: system-prompt, chat, agent, rag, long, mix.
     #[arg(long, default_value = "mix")]
     pub workload: String,
     /// JSON file with the workload and its parameters (overrides --workload), e.g.
@@ -77,7 +78,11 @@ pub struct SizeArgs {
     /// Engine model/GPU class (simulator preset).
     #[arg(long, default_value = "llama3-8b-h100")]
     pub preset: String,
-    /// GPU KV memory per engine, GiB.
+    /// Engines of several classes instead of --engines/--preset, in instance order, e.g.
+    /// `llama3-8b-h100:4,llama3-8b-a100-40gb:4`.
+    #[arg(long, value_name = "PRESET:COUNT,...", conflicts_with_all = ["engines", "preset"])]
+    pub fleet: Option<FleetMix>,
+    /// GPU KV memory per engine, GiB (each class's capacity from its own geometry).
     #[arg(long)]
     pub kv_memory_gib: Option<f64>,
     /// GPU KV blocks per engine (overrides memory).
@@ -93,24 +98,41 @@ pub struct SizeArgs {
 
 pub fn size(a: SizeArgs) -> anyhow::Result<()> {
     let t = a.workload.load()?;
-    let shape = FleetShape::new(
-        &a.preset,
-        a.engines,
-        a.kv_memory_gib,
-        a.gpu_blocks,
-        a.cpu_blocks,
-    )?;
+    let shape = FleetShape::from_config(&FleetConfig {
+        engines: a.engines,
+        preset: a.preset.clone(),
+        fleet: a.fleet.clone(),
+        engine: EngineOverrides {
+            kv_memory_gib: a.kv_memory_gib,
+            num_gpu_blocks: a.gpu_blocks,
+            num_cpu_blocks: a.cpu_blocks,
+            ..Default::default()
+        },
+        ..FleetConfig::default()
+    })?;
     let r = sizing::size(&t, &shape, a.floor)?;
     println!("{}", serde_json::to_string_pretty(&r)?);
-    let gib = |tokens: u64| tokens as f64 * r.bytes_per_token as f64 / f64::from(1u32 << 30);
+    let gib = |tokens: u64, bytes_per_token: u64| {
+        tokens as f64 * bytes_per_token as f64 / f64::from(1u32 << 30)
+    };
+    let per_engine = r
+        .classes
+        .iter()
+        .map(|c| {
+            format!(
+                "{} × {}: {:.2} M tokens of KV per engine ({:.1} GiB)",
+                c.engines,
+                c.preset,
+                c.engine_capacity_tokens as f64 / 1e6,
+                gib(c.engine_capacity_tokens, c.bytes_per_token)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
     eprintln!(
-        "\n{} × {}: {:.2} M tokens of KV per engine ({:.1} GiB), fleet {:.1} M; working set {:.1} M tokens.\n\
+        "\n{per_engine}; fleet {:.1} M; working set {:.1} M tokens.\n\
          hit ratio: one engine-sized LRU {:.1} %, fleet-sized LRU {:.1} %, infinite cache {:.1} %.\n\
          suggestion: {} GPU blocks per engine ({:.2} M tokens, {:.1} GiB) → fleet-sized LRU {:.1} %{}",
-        a.engines,
-        a.preset,
-        r.engine_capacity_tokens as f64 / 1e6,
-        gib(r.engine_capacity_tokens),
         r.fleet_capacity_tokens as f64 / 1e6,
         r.working_set.distinct_tokens as f64 / 1e6,
         r.single_engine_lru_hit_ratio * 100.0,

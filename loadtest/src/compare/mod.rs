@@ -68,6 +68,8 @@ pub struct ContenderResult {
     pub fleet: Option<FleetDelta>,
     /// Engine names in fleet order.
     pub engines: Vec<String>,
+    /// Each engine's preset (model/GPU class), in fleet order.
+    pub engine_presets: Vec<String>,
     /// Hit ratio and load spread over time.
     pub series: Vec<SeriesPoint>,
     /// Sorted TTFTs of successful requests (for distribution charts).
@@ -88,6 +90,7 @@ impl ContenderResult {
             summary: None,
             fleet: None,
             engines: Vec::new(),
+            engine_presets: Vec::new(),
             series: Vec::new(),
             ttft_sorted: Vec::new(),
             records: Vec::new(),
@@ -216,6 +219,7 @@ async fn run_on_fleet(
     let infos = fleet.instances();
     let workers: Vec<String> = infos.iter().map(|i| i.url.clone()).collect();
     let names: Vec<String> = infos.iter().map(|i| i.name.clone()).collect();
+    let presets: Vec<String> = infos.iter().map(|i| i.preset.clone()).collect();
     let (mut router, url, version, command) = start_router(cfg, spec, &workers, fleet).await?;
     let client = reqwest::Client::new();
     let measured = async {
@@ -300,6 +304,7 @@ async fn run_on_fleet(
         summary: Some(summary),
         fleet: Some(delta),
         engines: names,
+        engine_presets: presets,
         series,
         ttft_sorted,
         records: if cfg.keep_records {

@@ -9,24 +9,34 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use kvgate_sim::model::EngineParams;
+use kvgate_sim::{EngineOverrides, FleetConfig, FleetMix};
 use serde::{Deserialize, Serialize};
 
 use super::engine_loop::FleetSpec;
 use super::policies::{apply_overrides, resolve_policies};
 use super::result::{PolicyResult, References};
-use super::router::{nominal_rates, IndexMode, RouterSettings};
+use super::router::{nominal_decode_rates, nominal_rates, IndexMode, RouterSettings};
 use super::runner::{references, run_policies, run_with_references, OfflineConfig};
 use super::utilisation::{find_speed_up, SpeedUpFit};
 use super::workload::Workload;
 use super::OfflineError;
+use crate::synth;
 use crate::trace::Trace;
 
 /// Arguments of `kvgate-loadtest offline`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct OfflineArgs {
     /// Mooncake-format JSONL trace.
-    #[arg(long)]
-    pub trace: PathBuf,
+    #[arg(long, required_unless_present = "synth", conflicts_with = "synth")]
+    pub trace: Option<PathBuf>,
+    /// A synthetic workload instead of a trace, with its default parameters: system-prompt,
+    /// chat, agent, rag, long, mix (cut in `--trace-block-tokens` blocks).
+    #[arg(long, value_name = "KIND")]
+    pub synth: Option<String>,
+    /// Seed of the synthetic workload (independent of `--seed`, so tie-breaking can be varied on
+    /// the same workload).
+    #[arg(long, default_value_t = 1)]
+    pub synth_seed: u64,
     /// Tokens per trace block (`hash_ids` granularity).
     #[arg(long, default_value_t = 512)]
     pub trace_block_tokens: u32,
@@ -39,10 +49,14 @@ pub struct OfflineArgs {
     /// Engine model/GPU class (see `kvgate-sim` presets).
     #[arg(long, default_value = "llama3-8b-h100")]
     pub preset: String,
-    /// GPU KV blocks per engine (overrides the preset's capacity).
+    /// Engines of several classes instead of --engines/--preset, in instance order, e.g.
+    /// `llama3-8b-h100:4,llama3-8b-a100-40gb:4`.
+    #[arg(long, value_name = "PRESET:COUNT,...", conflicts_with_all = ["engines", "preset"])]
+    pub fleet: Option<FleetMix>,
+    /// GPU KV blocks per engine (overrides the preset's capacity; every engine of a mixed fleet).
     #[arg(long)]
     pub capacity_blocks: Option<u32>,
-    /// CPU-offload KV blocks per engine (0 = no offload tier).
+    /// CPU-offload KV blocks per engine (0 = no offload tier; every engine of a mixed fleet).
     #[arg(long)]
     pub cpu_blocks: Option<u32>,
     /// Trace speed-up (arrival times divided by it).
@@ -67,8 +81,9 @@ pub struct OfflineArgs {
     #[arg(long)]
     pub predicted_ttl_ms: Option<u64>,
     /// Instance rates the router uses: `nominal` (calibrated to the engine model, as an operator
-    /// would configure them), `gateway` (the gateway's uncalibrated defaults) or `learned` (the
-    /// gateway's defaults, then learned from observed time to first token, as the gateway does).
+    /// would configure them; one engine class only), `gateway` (the gateway's uncalibrated
+    /// defaults) or `learned` (the gateway's defaults, then learned from observed time to first
+    /// token, as the gateway does).
     #[arg(long, default_value = "learned")]
     pub rates: RatesMode,
     /// Index entry bound per instance as a multiple of the engine's GPU + CPU blocks.
@@ -109,16 +124,26 @@ pub enum RatesMode {
 /// Parameters a report was produced with.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunParams {
-    /// Trace path.
+    /// Trace path, or `synth:KIND` for a synthetic workload.
     pub trace: String,
+    /// Seed of the synthetic workload, when one was generated.
+    #[serde(default)]
+    pub synth_seed: Option<u64>,
     /// Requests replayed.
     pub requests: usize,
     /// Engines.
     pub engines: usize,
-    /// Preset name.
+    /// Preset name, or the fleet string of a fleet of several classes.
     pub preset: String,
-    /// Engine parameters after overrides.
+    /// Engine parameters after overrides (the first engine's in a fleet of several classes; see
+    /// `classes`).
     pub engine: EngineParams,
+    /// Every engine class: preset, engine count, parameters after overrides, in fleet order.
+    #[serde(default)]
+    pub classes: Vec<FleetClass>,
+    /// The preset of each instance, in instance order.
+    #[serde(default)]
+    pub instance_presets: Vec<String>,
     /// Speed-up applied to the trace.
     pub speed_up: f64,
     /// Utilisation search, when one ran.
@@ -141,6 +166,17 @@ pub struct RunParams {
     pub seed: u64,
 }
 
+/// One engine class of the simulated fleet.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FleetClass {
+    /// Preset name.
+    pub preset: String,
+    /// Engines of this class.
+    pub engines: usize,
+    /// Their parameters after overrides.
+    pub params: EngineParams,
+}
+
 /// The whole report of one `offline` run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct OfflineReport {
@@ -161,9 +197,7 @@ pub fn gateway_router_settings(
     predicted_ttl_ms: Option<u64>,
     scrape_interval_ms: u64,
 ) -> RouterSettings {
-    let mut s = RouterSettings::gateway_defaults(
-        u64::from(fleet.params.num_gpu_blocks) + u64::from(fleet.params.num_cpu_blocks),
-    );
+    let mut s = RouterSettings::gateway_defaults(fleet.instance_capacity_blocks());
     s.index_mode = index;
     if let Some(ttl) = predicted_ttl_ms {
         s.predicted_ttl_ms = ttl;
@@ -183,31 +217,61 @@ fn typical_context(w: &Workload) -> u32 {
 /// Runs the `offline` subcommand: simulates, prints the summary table, writes the JSON report.
 pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
     let started = Instant::now();
-    let mut trace = Trace::load_with(&args.trace, args.trace_block_tokens)?;
+    let (mut trace, source) = match (&args.trace, &args.synth) {
+        (Some(path), _) => (
+            Trace::load_with(path, args.trace_block_tokens)?,
+            path.display().to_string(),
+        ),
+        (None, Some(kind)) => {
+            let w = synth::Workload::named(kind).map_err(|e| OfflineError::Param(e.to_string()))?;
+            let t = w
+                .generate(args.synth_seed, args.trace_block_tokens)
+                .map_err(|e| OfflineError::Param(e.to_string()))?;
+            (t, format!("synth:{kind}"))
+        }
+        (None, None) => {
+            return Err(OfflineError::Param(
+                "give --trace FILE or --synth KIND".into(),
+            ))
+        }
+    };
     if let Some(n) = args.max_requests {
         trace = trace.slice(Some(n), None);
     }
-    let mut params =
-        EngineParams::from_preset(&args.preset).map_err(|e| OfflineError::Engine(e.to_string()))?;
-    if let Some(c) = args.capacity_blocks {
-        params.num_gpu_blocks = c;
-    }
-    if let Some(c) = args.cpu_blocks {
-        params.num_cpu_blocks = c;
-    }
-    params
-        .validate()
-        .map_err(|e| OfflineError::Engine(e.to_string()))?;
-    if args.engines == 0 {
+    if args.fleet.is_none() && args.engines == 0 {
         return Err(OfflineError::Param("--engines must be at least 1".into()));
     }
-    let fleet = FleetSpec {
+    // The simulator's own fleet configuration derives every engine's parameters, so presets,
+    // fleet strings and overrides mean the same here as in `kvgate sim` and `compare`.
+    let fleet_cfg = FleetConfig {
         engines: args.engines,
-        params: params.clone(),
+        preset: args.preset.clone(),
+        fleet: args.fleet.clone(),
+        engine: EngineOverrides {
+            num_gpu_blocks: args.capacity_blocks,
+            num_cpu_blocks: args.cpu_blocks,
+            ..Default::default()
+        },
+        ..FleetConfig::default()
     };
+    let fleet = FleetSpec::from_config(&fleet_cfg)?;
+    fleet.validate()?;
+    let classes: Vec<FleetClass> = fleet
+        .classes()
+        .into_iter()
+        .map(|(preset, engines, params)| FleetClass {
+            preset,
+            engines,
+            params,
+        })
+        .collect();
+    let params = classes
+        .first()
+        .map(|c| c.params.clone())
+        .ok_or_else(|| OfflineError::Param("the fleet needs at least one engine".into()))?;
     let policy_cfg = apply_overrides(&args.overrides)?;
     let policies = resolve_policies(&args.policies)?;
-    let base = Workload::from_trace(&trace, params.block_size, 1.0)?;
+    let base = Workload::from_trace(&trace, fleet.block_size(), 1.0)?;
     let mut router = gateway_router_settings(
         &fleet,
         args.index,
@@ -217,7 +281,19 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
     router.index_capacity_factor = args.index_capacity_factor;
     router.expire_interval_ms = args.expire_interval_ms.max(1);
     match args.rates {
-        RatesMode::Nominal => router.rates = nominal_rates(&params, typical_context(&base)),
+        // The router holds one rate for every instance, as the gateway's `[routing.rates]` does;
+        // engines of several classes need rates learned per instance.
+        RatesMode::Nominal if classes.len() > 1 => {
+            return Err(OfflineError::Param(
+                "--rates nominal calibrates one rate for every instance; a fleet of several \
+                 engine classes needs --rates learned (the default)"
+                    .into(),
+            ))
+        }
+        RatesMode::Nominal => {
+            router.rates = nominal_rates(&params, typical_context(&base));
+            router.decode_rates = nominal_decode_rates(&params);
+        }
         RatesMode::Gateway => {}
         RatesMode::Learned => {
             router.learn_rates = Some(kvgate_core::load::RateConfig::default());
@@ -268,11 +344,21 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
     };
     let report = OfflineReport {
         params: RunParams {
-            trace: args.trace.display().to_string(),
+            trace: source,
+            synth_seed: args.synth.as_ref().map(|_| args.synth_seed),
             requests: workload.requests.len(),
-            engines: cfg.fleet.engines,
-            preset: args.preset.clone(),
+            engines: cfg.fleet.len(),
+            preset: match &args.fleet {
+                Some(m) if !m.is_uniform() => m.to_string(),
+                Some(m) => m
+                    .groups()
+                    .first()
+                    .map_or_else(|| args.preset.clone(), |g| g.preset.clone()),
+                None => args.preset.clone(),
+            },
             engine: params,
+            instance_presets: cfg.fleet.engines.iter().map(|e| e.preset.clone()).collect(),
+            classes,
             speed_up,
             speed_up_fit: fit,
             index: args.index,
@@ -318,18 +404,33 @@ pub fn summary_table(report: &OfflineReport) -> String {
     let rel = |v: f64, b: f64| if b > 0.0 && b.is_finite() { v / b } else { 0.0 };
     let p = &report.params;
     let mut s = String::new();
+    let fleet = if p.classes.is_empty() {
+        vec![FleetClass {
+            preset: p.preset.clone(),
+            engines: p.engines,
+            params: p.engine.clone(),
+        }]
+    } else {
+        p.classes.clone()
+    };
+    let fleet_text = fleet
+        .iter()
+        .map(|c| {
+            format!(
+                "{} × {} ({} GPU + {} CPU blocks of {} tokens)",
+                c.engines,
+                c.preset,
+                c.params.num_gpu_blocks,
+                c.params.num_cpu_blocks,
+                c.params.block_size
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" + ");
     let _ = writeln!(
         s,
-        "offline: {} requests, {} × {} ({} GPU + {} CPU blocks of {} tokens), speed-up {:.3}, index {:?}, seed {}",
-        p.requests,
-        p.engines,
-        p.preset,
-        p.engine.num_gpu_blocks,
-        p.engine.num_cpu_blocks,
-        p.engine.block_size,
-        p.speed_up,
-        p.index,
-        p.seed
+        "offline: {} requests, {fleet_text}, speed-up {:.3}, index {:?}, seed {}",
+        p.requests, p.speed_up, p.index, p.seed
     );
     let _ = writeln!(
         s,
@@ -358,6 +459,28 @@ pub fn summary_table(report: &OfflineReport) -> String {
             r.busy,
             r.rejected + r.unfinished,
         );
+    }
+    if fleet.len() > 1 {
+        let _ = writeln!(
+            s,
+            "by engine class: {:<20} {:<24} {:>6} {:>8} {:>8} {:>8} {:>6}",
+            "policy", "class", "share", "ttft", "p99", "e2e", "hit"
+        );
+        for r in rs {
+            for c in &r.classes {
+                let _ = writeln!(
+                    s,
+                    "                 {:<20} {:<24} {:>6.3} {:>8.3} {:>8.3} {:>8.2} {:>6.3}",
+                    r.policy,
+                    format!("{} × {}", c.engines, c.preset),
+                    c.request_share,
+                    c.ttft_s.mean,
+                    c.ttft_s.p99,
+                    c.e2e_s.mean,
+                    c.hit_ratio
+                );
+            }
+        }
     }
     let f = &report.references;
     let _ = writeln!(

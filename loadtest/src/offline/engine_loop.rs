@@ -18,26 +18,144 @@ use std::time::Instant;
 use kvgate_core::load::EngineLoad;
 use kvgate_sim::model::{EngineModel, EngineParams, SimRequest, StepOutcome};
 
-use super::result::{PolicyResult, TimelinePoint};
+use super::result::{ClassResult, PolicyResult, TimelinePoint};
 use super::router::{nominal_rates, request_seed, SimRouter};
 use super::summary::Dist;
 use super::workload::Workload;
 use super::OfflineError;
 
-/// The simulated fleet: identical engines.
-#[derive(Clone, Debug)]
-pub struct FleetSpec {
-    /// Number of engines.
-    pub engines: usize,
-    /// Parameters of each engine.
+/// One engine of the simulated fleet.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineSpec {
+    /// Its class (the preset name), a label in reports.
+    pub preset: String,
+    /// Its parameters.
     pub params: EngineParams,
 }
 
+/// The simulated fleet: one parameter set per engine, so engines of different classes (GPU
+/// generations, TP sizes) can serve side by side.
+///
+/// Invariants checked by [`FleetSpec::validate`] (and so by every simulation): at least one
+/// engine, every engine's parameters valid, one block size for all of them (the workload is cut
+/// in it, and a router hashes in it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FleetSpec {
+    /// The engines, in instance order.
+    pub engines: Vec<EngineSpec>,
+}
+
+/// Label of the engines of a fleet built from bare parameters.
+pub const CUSTOM_CLASS: &str = "custom";
+
 impl FleetSpec {
-    /// Total KV capacity of the fleet in blocks, over all tiers.
+    /// `engines` identical engines of `params`, labelled [`CUSTOM_CLASS`].
+    pub fn uniform(engines: usize, params: EngineParams) -> Self {
+        Self::of_class(engines, CUSTOM_CLASS, params)
+    }
+
+    /// `engines` identical engines of `params`, labelled `preset`.
+    pub fn of_class(engines: usize, preset: &str, params: EngineParams) -> Self {
+        FleetSpec {
+            engines: (0..engines)
+                .map(|_| EngineSpec {
+                    preset: preset.to_string(),
+                    params: params.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The engines a simulator fleet configuration describes (presets, fleet string, overrides).
+    pub fn from_config(cfg: &kvgate_sim::FleetConfig) -> Result<Self, OfflineError> {
+        let engines = cfg
+            .per_engine_params()
+            .map_err(|e| OfflineError::Engine(e.to_string()))?
+            .into_iter()
+            .map(|(preset, params)| EngineSpec { preset, params })
+            .collect();
+        Ok(FleetSpec { engines })
+    }
+
+    /// Number of engines.
+    pub fn len(&self) -> usize {
+        self.engines.len()
+    }
+
+    /// Whether the fleet has no engine.
+    pub fn is_empty(&self) -> bool {
+        self.engines.is_empty()
+    }
+
+    /// Tokens per block (the first engine's; [`FleetSpec::validate`] checks they all agree).
+    pub fn block_size(&self) -> u32 {
+        self.engines.first().map_or(0, |e| e.params.block_size)
+    }
+
+    /// KV capacity of each engine in blocks, GPU + CPU, in instance order.
+    pub fn instance_capacity_blocks(&self) -> Vec<u64> {
+        self.engines
+            .iter()
+            .map(|e| u64::from(e.params.num_gpu_blocks) + u64::from(e.params.num_cpu_blocks))
+            .collect()
+    }
+
+    /// Total KV capacity of the fleet in blocks, over all engines and tiers.
     pub fn capacity_blocks(&self) -> u64 {
-        self.engines as u64
-            * (u64::from(self.params.num_gpu_blocks) + u64::from(self.params.num_cpu_blocks))
+        self.instance_capacity_blocks().iter().sum()
+    }
+
+    /// The engine classes in order of first appearance: preset label, engine count and
+    /// parameters (engines with the same label and parameters form one class).
+    pub fn classes(&self) -> Vec<(String, usize, EngineParams)> {
+        let mut out: Vec<(String, usize, EngineParams)> = Vec::new();
+        for e in &self.engines {
+            match out
+                .iter_mut()
+                .find(|(p, _, q)| *p == e.preset && *q == e.params)
+            {
+                Some(c) => c.1 += 1,
+                None => out.push((e.preset.clone(), 1, e.params.clone())),
+            }
+        }
+        out
+    }
+
+    /// `8 × llama3-8b-h100 (24576 GPU + 0 CPU blocks of 16 tokens)`, one such part per class,
+    /// joined by ` + `.
+    pub fn describe(&self) -> String {
+        self.classes()
+            .iter()
+            .map(|(preset, n, p)| {
+                format!(
+                    "{n} × {preset} ({} GPU + {} CPU blocks of {} tokens)",
+                    p.num_gpu_blocks, p.num_cpu_blocks, p.block_size
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" + ")
+    }
+
+    /// Checks the invariants above.
+    pub fn validate(&self) -> Result<(), OfflineError> {
+        if self.engines.is_empty() {
+            return Err(OfflineError::Param(
+                "the fleet needs at least one engine".into(),
+            ));
+        }
+        let bs = self.block_size();
+        for (i, e) in self.engines.iter().enumerate() {
+            e.params
+                .validate()
+                .map_err(|err| OfflineError::Engine(format!("engine {i} ({}): {err}", e.preset)))?;
+            if e.params.block_size != bs {
+                return Err(OfflineError::Param(format!(
+                    "engine {i} ({}) uses {}-token blocks, engine 0 {bs}: a fleet shares one block size",
+                    e.preset, e.params.block_size
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -122,23 +240,19 @@ pub fn simulate(
     seed: u64,
 ) -> Result<PolicyResult, OfflineError> {
     let started = Instant::now();
-    if fleet.engines == 0 {
-        return Err(OfflineError::Param(
-            "the fleet needs at least one engine".into(),
-        ));
-    }
-    if fleet.params.block_size != workload.block_tokens {
+    fleet.validate()?;
+    if fleet.block_size() != workload.block_tokens {
         return Err(OfflineError::Param(format!(
             "workload cut in {}-token blocks but engines use {}",
-            workload.block_tokens, fleet.params.block_size
+            workload.block_tokens,
+            fleet.block_size()
         )));
     }
-    fleet
-        .params
-        .validate()
-        .map_err(|e| OfflineError::Engine(e.to_string()))?;
-    let mut engines: Vec<EngineModel> = (0..fleet.engines)
-        .map(|_| EngineModel::new(fleet.params.clone()))
+    let n_engines = fleet.len();
+    let mut engines: Vec<EngineModel> = fleet
+        .engines
+        .iter()
+        .map(|e| EngineModel::new(e.params.clone()))
         .collect();
     let reqs = &workload.requests;
     let n = reqs.len();
@@ -157,25 +271,39 @@ pub fn simulate(
     }
 
     let mut steps = Steps {
-        pending: (0..fleet.engines).map(|_| None).collect(),
-        start: vec![0; fleet.engines],
-        prefill: vec![0; fleet.engines],
-        tokens: vec![0; fleet.engines],
+        pending: (0..n_engines).map(|_| None).collect(),
+        start: vec![0; n_engines],
+        prefill: vec![0; n_engines],
+        tokens: vec![0; n_engines],
     };
-    let mut busy_in_window = vec![0u64; fleet.engines];
-    let mut prefill_in_window = 0f64;
+    let mut busy_in_window = vec![0u64; n_engines];
+    // Prefill work in seconds at each engine's own nominal rate, so engines of different classes
+    // count by the share of their own capacity they used.
+    let mut prefill_s_in_window = 0f64;
     let mut work_in_window = 0f64;
-    let base_us = fleet.params.timing.step_base_us;
-    let budget = f64::from(fleet.params.max_num_batched_tokens.max(1));
-    let prefill_rate = nominal_rates(&fleet.params, 0).prefill_tokens_per_s;
+    let base_us: Vec<f64> = fleet
+        .engines
+        .iter()
+        .map(|e| e.params.timing.step_base_us)
+        .collect();
+    let budget: Vec<f64> = fleet
+        .engines
+        .iter()
+        .map(|e| f64::from(e.params.max_num_batched_tokens.max(1)))
+        .collect();
+    let prefill_rate: Vec<f64> = fleet
+        .engines
+        .iter()
+        .map(|e| nominal_rates(&e.params, 0).prefill_tokens_per_s.max(1e-9))
+        .collect();
     let mut placed: Vec<u32> = vec![u32::MAX; n];
     let mut ttft_us: Vec<Option<u64>> = vec![None; n];
     let mut done_us: Vec<Option<u64>> = vec![None; n];
     let mut rejected = vec![false; n];
-    let mut per_instance = vec![0u64; fleet.engines];
+    let mut per_instance = vec![0u64; n_engines];
     let mut router_matched_tokens = 0u64;
     let mut router_best_tokens = 0u64;
-    let mut spread = Spread::new(fleet.engines);
+    let mut spread = Spread::new(n_engines);
     let mut buckets: Vec<Bucket> = Vec::new();
     let mut now = first_arrival;
     spread.last_us = first_arrival;
@@ -222,7 +350,7 @@ pub fn simulate(
                 }
                 let r = &reqs[i];
                 let routed = router.route(i, r, now_ms);
-                let e = routed.instance.min(fleet.engines - 1);
+                let e = routed.instance.min(n_engines - 1);
                 placed[i] = e as u32;
                 per_instance[e] += 1;
                 router_matched_tokens += (u64::from(routed.matched_blocks)
@@ -256,12 +384,12 @@ pub fn simulate(
                 busy_in_window[e] += inside;
                 if now > begun {
                     let share = inside as f64 / (now - begun) as f64;
-                    prefill_in_window += steps.prefill[e] as f64 * share;
+                    prefill_s_in_window += steps.prefill[e] as f64 * share / prefill_rate[e];
                     // The fixed per-step cost counts as work in proportion to the token budget
                     // the step used: a step running a handful of decodes is mostly spare capacity.
                     let step_us = (now - begun) as f64;
-                    let fixed = base_us.min(step_us);
-                    let fill = (steps.tokens[e] as f64 / budget).min(1.0);
+                    let fixed = base_us[e].min(step_us);
+                    let fill = (steps.tokens[e] as f64 / budget[e]).min(1.0);
                     work_in_window += (step_us - fixed + fixed * fill) * share;
                 }
                 for &(id, cached) in &out.first_tokens {
@@ -335,6 +463,9 @@ pub fn simulate(
         cached += s.prefix_cache_hits;
         prompt += s.prefix_cache_queries;
     }
+    let classes = class_results(
+        fleet, &engines, &placed, &rejected, &ttft_us, &done_us, reqs,
+    );
     let makespan_s = last_done.max(now).saturating_sub(first_arrival) as f64 / 1e6;
     let total_reqs: u64 = per_instance.iter().sum();
     let instance_share: Vec<f64> = per_instance
@@ -347,9 +478,9 @@ pub fn simulate(
             }
         })
         .collect();
-    let mean_share = 1.0 / fleet.engines as f64;
+    let mean_share = 1.0 / n_engines as f64;
     let max_share = instance_share.iter().copied().fold(0.0, f64::max);
-    let window = last_arrival.saturating_sub(first_arrival) as f64 * fleet.engines as f64;
+    let window = last_arrival.saturating_sub(first_arrival) as f64 * n_engines as f64;
     let busy: u64 = busy_in_window.iter().sum();
     let total_prompt_all = workload.prompt_tokens();
     let timeline = buckets
@@ -379,15 +510,74 @@ pub fn simulate(
         router_matched_ratio: ratio(router_matched_tokens as f64, total_prompt_all as f64),
         router_best_ratio: ratio(router_best_tokens as f64, total_prompt_all as f64),
         instance_share,
+        classes,
         share_max_over_mean: max_share / mean_share,
         load_spread: ratio(spread.weighted, spread.weight),
         busy: ratio(busy as f64, window),
         utilisation: ratio(work_in_window, window),
-        prefill_utilisation: ratio(prefill_in_window / prefill_rate * 1e6, window),
+        prefill_utilisation: ratio(prefill_s_in_window * 1e6, window),
         makespan_s,
         wall_ms: started.elapsed().as_secs_f64() * 1e3,
         timeline,
     })
+}
+
+/// Per engine class (by preset label): request share, latencies of the requests its engines
+/// served, and their hit ratio from the engines' own counters.
+fn class_results(
+    fleet: &FleetSpec,
+    engines: &[EngineModel],
+    placed: &[u32],
+    rejected: &[bool],
+    ttft_us: &[Option<u64>],
+    done_us: &[Option<u64>],
+    reqs: &[super::workload::OfflineRequest],
+) -> Vec<ClassResult> {
+    let mut labels: Vec<&str> = Vec::new();
+    for e in &fleet.engines {
+        if !labels.contains(&e.preset.as_str()) {
+            labels.push(&e.preset);
+        }
+    }
+    let routed = placed.iter().filter(|&&p| p != u32::MAX).count();
+    labels
+        .into_iter()
+        .map(|label| {
+            let members: Vec<usize> = (0..fleet.len())
+                .filter(|&e| fleet.engines[e].preset == label)
+                .collect();
+            let (mut ttfts, mut e2es, mut requests) = (Vec::new(), Vec::new(), 0usize);
+            for (i, &p) in placed.iter().enumerate() {
+                if p == u32::MAX || !members.contains(&(p as usize)) {
+                    continue;
+                }
+                requests += 1;
+                if rejected[i] {
+                    continue;
+                }
+                if let Some(t) = ttft_us[i] {
+                    ttfts.push(t as f64 / 1e6);
+                }
+                if let Some(d) = done_us[i] {
+                    e2es.push(d.saturating_sub(reqs[i].arrival_us) as f64 / 1e6);
+                }
+            }
+            let (mut cached, mut prompt) = (0u64, 0u64);
+            for &e in &members {
+                let s = engines[e].stats();
+                cached += s.prefix_cache_hits;
+                prompt += s.prefix_cache_queries;
+            }
+            ClassResult {
+                preset: label.to_string(),
+                engines: members.len(),
+                request_share: ratio(requests as f64, routed as f64),
+                ttft_s: Dist::of(&mut ttfts),
+                e2e_s: Dist::of(&mut e2es),
+                hit_ratio: ratio(cached as f64, prompt as f64),
+            }
+        })
+        .collect()
 }
 
 fn ratio(a: f64, b: f64) -> f64 {

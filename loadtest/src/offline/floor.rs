@@ -2,7 +2,8 @@
 //! give it (the infinite cache's leading run), timed by the engine model itself.
 //!
 //! No router can beat it at any percentile: queueing only adds time and no placement can hit more
-//! than the infinite cache.
+//! than the infinite cache. In a fleet of several engine classes a request's floor is its floor
+//! on the class that serves it fastest ([`ttft_floor_fastest`]).
 //!
 //! Invariants: one engine is reused for every request, always idle when a request is submitted;
 //! before each request a warm-up request holding exactly the request's infinite-cache run is
@@ -86,6 +87,30 @@ pub fn ttft_floor(workload: &Workload, params: &EngineParams) -> Result<Dist, Of
     Ok(Dist::of(&mut v))
 }
 
+/// Distribution of the TTFT floor over the workload when each request may run on any of the
+/// engine classes `classes`: per request, the fastest class's floor, seconds.
+pub fn ttft_floor_fastest(
+    workload: &Workload,
+    classes: &[EngineParams],
+) -> Result<Dist, OfflineError> {
+    let mut best: Vec<Option<f64>> = vec![None; workload.requests.len()];
+    if classes.is_empty() {
+        return Err(OfflineError::Param(
+            "the floor needs at least one engine class".into(),
+        ));
+    }
+    for p in classes {
+        for (b, f) in best.iter_mut().zip(ttft_floor_per_request(workload, p)?) {
+            *b = match (*b, f) {
+                (Some(x), Some(y)) => Some(x.min(y)),
+                (x, y) => x.or(y),
+            };
+        }
+    }
+    let mut v: Vec<f64> = best.into_iter().flatten().collect();
+    Ok(Dist::of(&mut v))
+}
+
 /// Steps the engine until idle; returns the end time and when `watch` got its first token.
 fn drain(engine: &mut EngineModel, mut now: u64, watch: Option<u64>) -> (u64, Option<u64>) {
     let mut first = None;
@@ -141,6 +166,25 @@ mod tests {
         assert!(f[2].expect("c") > 0.0);
         let d = ttft_floor(&w, &params()).expect("dist");
         assert_eq!(d.count, 3);
+    }
+
+    #[test]
+    fn the_fastest_class_sets_the_floor() {
+        let w = Workload {
+            requests: vec![req(&(1..=200).collect::<Vec<_>>(), 3200), req(&[9; 1], 20)],
+            block_tokens: 16,
+        };
+        let fast = params();
+        let slow = EngineParams {
+            num_gpu_blocks: 1000,
+            ..EngineParams::from_preset("llama3-8b-a100-40gb").expect("preset")
+        };
+        let f = ttft_floor(&w, &fast).expect("fast");
+        let s = ttft_floor(&w, &slow).expect("slow");
+        assert!(s.mean > 2.0 * f.mean, "{s:?} vs {f:?}");
+        let both = ttft_floor_fastest(&w, &[slow, fast]).expect("both");
+        assert_eq!(both, f);
+        assert!(ttft_floor_fastest(&w, &[]).is_err());
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //!
 //! - [`workload`]: trace → arrivals in virtual µs and engine block chains.
 //! - [`router`]: the gateway's routing side (index, load, policy) in virtual time.
-//! - [`engine_loop`]: the discrete-event loop (arrivals, engine steps) and per-run figures.
+//! - [`engine_loop`]: the discrete-event loop (arrivals, engine steps) and per-run figures, and
+//!   [`FleetSpec`]: one parameter set per engine, so a fleet may mix engine classes.
 //! - [`bounds`] / [`floor`]: references no router can beat — infinite-cache and fleet-LRU hit
 //!   ratios, the no-queue TTFT floor.
 //! - [`runner`]: several policies (and the references) on fresh fleets, in parallel.
@@ -40,10 +41,10 @@ pub mod workload;
 
 pub use bounds::{infinite_cache_hit, lru_cache_hit, HitRatio};
 pub use cli::{run_cli, OfflineArgs, OfflineReport};
-pub use engine_loop::{simulate, FleetSpec};
+pub use engine_loop::{simulate, EngineSpec, FleetSpec};
 pub use error::OfflineError;
-pub use floor::{ttft_floor, ttft_floor_per_request};
-pub use result::{PolicyResult, References, TimelinePoint};
+pub use floor::{ttft_floor, ttft_floor_fastest, ttft_floor_per_request};
+pub use result::{ClassResult, PolicyResult, References, TimelinePoint};
 pub use router::{IndexMode, RouterSettings};
 pub use runner::{references, run_policies, run_policy, run_with_references, OfflineConfig};
 pub use utilisation::{find_speed_up, SpeedUpFit};

@@ -57,6 +57,9 @@ pub struct PolicyResult {
     pub router_best_ratio: f64,
     /// Fraction of requests sent to each instance.
     pub instance_share: Vec<f64>,
+    /// The same run by engine class (one entry for a fleet of one class), in fleet order.
+    #[serde(default)]
+    pub classes: Vec<ClassResult>,
     /// Largest instance share over the mean share (1 = perfectly even).
     pub share_max_over_mean: f64,
     /// Time-weighted max/mean in-flight requests over instances, over the run.
@@ -80,6 +83,23 @@ pub struct PolicyResult {
     pub timeline: Vec<TimelinePoint>,
 }
 
+/// One engine class's part of a run: the requests routed to its engines.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClassResult {
+    /// The class (preset label).
+    pub preset: String,
+    /// Its engines in the fleet.
+    pub engines: usize,
+    /// Fraction of the routed requests its engines received.
+    pub request_share: f64,
+    /// Time to first token of the requests it served, seconds.
+    pub ttft_s: Dist,
+    /// End-to-end latency of the requests it served, seconds.
+    pub e2e_s: Dist,
+    /// Prefix hit ratio of its engines, from their counters.
+    pub hit_ratio: f64,
+}
+
 /// Workload-level references no router can beat (or, for the LRU, hardly).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct References {
@@ -89,6 +109,7 @@ pub struct References {
     pub fleet_lru_hit_ratio: f64,
     /// Capacity of that LRU, in blocks.
     pub fleet_lru_capacity_blocks: u64,
-    /// TTFT of each request alone on an idle engine with the infinite cache's hit, seconds.
+    /// TTFT of each request alone on an idle engine with the infinite cache's hit, seconds (on
+    /// the fastest engine class for that request, in a fleet of several classes).
     pub ttft_floor_s: Dist,
 }

@@ -96,8 +96,9 @@ pub struct RouterSettings {
     /// Expected output tokens of a request that does not bound them (simulated requests always
     /// do, as the live replayer sets `max_tokens` to the trace's output length).
     pub initial_output_tokens: f64,
-    /// Capacity of each instance's KV cache in blocks, as the engine would report it.
-    pub capacity_blocks: u64,
+    /// Capacity of each instance's KV cache in blocks, as the engine would report it, in
+    /// instance order (instances of different classes differ).
+    pub capacity_blocks: Vec<u64>,
     /// The index's per-instance entry bound as a multiple of `capacity_blocks`: above 1 leaves
     /// room for predictions beside the event-sourced entries that mirror a full engine cache.
     pub index_capacity_factor: f64,
@@ -108,8 +109,8 @@ pub struct RouterSettings {
 impl RouterSettings {
     /// The gateway's `[routing]` and `[load]` defaults (predicted TTL, index bounds and sweep,
     /// starting rates, decode step model, scrape interval), both index sources, and
-    /// `capacity_blocks` per instance as the engines report it.
-    pub fn gateway_defaults(capacity_blocks: u64) -> Self {
+    /// `capacity_blocks` of each instance as the engines report it.
+    pub fn gateway_defaults(capacity_blocks: Vec<u64>) -> Self {
         let cfg = kvgate::config::Config::default();
         let r = &cfg.routing;
         let core = r.router_config();
@@ -220,10 +221,10 @@ impl SimRouter {
         seed: u64,
     ) -> Self {
         let index = Arc::new(PlacementIndex::new(settings.index.clone()));
-        let index_capacity =
-            (settings.capacity_blocks as f64 * settings.index_capacity_factor.max(0.0)).ceil();
-        for i in 0..instances {
-            index.set_instance_capacity(InstanceId(i as u32), (index_capacity as usize).max(1));
+        // An instance without a listed capacity keeps the index's default bound.
+        for (i, &cap) in settings.capacity_blocks.iter().enumerate().take(instances) {
+            let bound = (cap as f64 * settings.index_capacity_factor.max(0.0)).ceil();
+            index.set_instance_capacity(InstanceId(i as u32), (bound as usize).max(1));
         }
         let mut live = Vec::with_capacity(requests);
         live.resize_with(requests, || None);
@@ -282,7 +283,7 @@ impl SimRouter {
             seed: request_seed(self.seed, id as u64),
             now,
         };
-        let capacity = Some(self.settings.capacity_blocks);
+        let capacities = &self.settings.capacity_blocks;
         let offers = self
             .engine_loads
             .iter()
@@ -290,7 +291,7 @@ impl SimRouter {
             .map(|(i, &engine)| Offer {
                 id: InstanceId(i as u32),
                 engine,
-                cache_capacity_blocks: capacity,
+                cache_capacity_blocks: capacities.get(i).copied(),
             });
         let Some(routed) =
             self.router

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use super::bounds::{infinite_cache_hit, lru_cache_hit};
 use super::engine_loop::{simulate, FleetSpec};
-use super::floor::ttft_floor;
+use super::floor::ttft_floor_fastest;
 use super::policies::make_policy;
 use super::result::{PolicyResult, References};
 use super::router::{RouterSettings, SimRouter};
@@ -42,7 +42,7 @@ pub fn run_policy(
     let router = SimRouter::new(
         p,
         cfg.router.clone(),
-        cfg.fleet.engines,
+        cfg.fleet.len(),
         workload.requests.len(),
         workload.block_tokens,
         cfg.seed,
@@ -101,7 +101,8 @@ pub fn references(
         fleet_lru_hit_ratio: lru_cache_hit(workload, cap as usize).ratio(),
         fleet_lru_capacity_blocks: cap,
         ttft_floor_s: if with_floor {
-            ttft_floor(workload, &fleet.params)?
+            let classes: Vec<_> = fleet.classes().into_iter().map(|c| c.2).collect();
+            ttft_floor_fastest(workload, &classes)?
         } else {
             Default::default()
         },

@@ -153,8 +153,8 @@ mod tests {
             block_tokens: params.block_size,
         };
         let cfg = OfflineConfig {
-            router: RouterSettings::gateway_defaults(u64::from(params.num_gpu_blocks)),
-            fleet: FleetSpec { engines: 4, params },
+            router: RouterSettings::gateway_defaults(vec![u64::from(params.num_gpu_blocks); 4]),
+            fleet: FleetSpec::uniform(4, params),
             policy: PolicyConfig::default(),
             seed: 3,
             jobs: 1,

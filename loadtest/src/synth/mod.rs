@@ -7,11 +7,12 @@
 //! prompts share block ids exactly as far as their segments agree — the Mooncake convention.
 //!
 //! Every generator is a pure function of its parameters and seed. Parameters are documented on
-//! each struct; lengths are drawn uniformly in `[mean/2, 3·mean/2]`; sessions/requests arrive as
-//! a Poisson process at `rate` per second.
+//! each struct; lengths are drawn uniformly in `[mean/2, 3·mean/2]` (heavy-tailed lognormals for
+//! `long`); sessions/requests arrive as a Poisson process at `rate` per second.
 
 pub mod agent;
 pub mod chat;
+pub mod long;
 pub mod rag;
 pub mod system_prompt;
 
@@ -193,6 +194,8 @@ pub enum Workload {
     Agent(agent::AgentParams),
     /// RAG / few-shot prompts combining documents from a pool.
     Rag(rag::RagParams),
+    /// Mostly unrelated long prompts with mixed output lengths, a little growing reuse.
+    Long(long::LongParams),
     /// Several workloads at once, merged by arrival time.
     Mix(Vec<Workload>),
 }
@@ -205,6 +208,7 @@ impl Workload {
             Workload::Chat(p) => p.drafts(seed, ns),
             Workload::Agent(p) => p.drafts(seed, ns),
             Workload::Rag(p) => p.drafts(seed, ns),
+            Workload::Long(p) => p.drafts(seed, ns),
             Workload::Mix(parts) => {
                 if parts.len() > 200 {
                     return Err(SynthError::Parameter("at most 200 mixed workloads".into()));
@@ -234,6 +238,27 @@ impl Workload {
             ));
         }
         Assembler::new(block_tokens).trace(self.drafts(seed, 0)?)
+    }
+
+    /// Names accepted by [`Workload::named`].
+    pub const NAMES: [&'static str; 6] = ["system-prompt", "chat", "agent", "rag", "long", "mix"];
+
+    /// The workload called `kind`, with its default parameters.
+    pub fn named(kind: &str) -> Result<Workload, SynthError> {
+        Ok(match kind {
+            "system-prompt" => Workload::SystemPrompt(Default::default()),
+            "chat" => Workload::Chat(Default::default()),
+            "agent" => Workload::Agent(Default::default()),
+            "rag" => Workload::Rag(Default::default()),
+            "long" => Workload::Long(Default::default()),
+            "mix" => Workload::default_mix(),
+            other => {
+                return Err(SynthError::Parameter(format!(
+                    "unknown workload {other:?}; known: {}",
+                    Self::NAMES.join(", ")
+                )))
+            }
+        })
     }
 
     /// The default mix: chat, agents, RAG and a shared system prompt together.
@@ -268,6 +293,16 @@ mod tests {
         let (p, _) = a.ids(&[(1, 6)]);
         assert_eq!(p[0], x[0]);
         assert_ne!(p[1], x[1]);
+    }
+
+    #[test]
+    fn every_name_gives_a_workload() {
+        for name in Workload::NAMES {
+            let w = Workload::named(name).unwrap();
+            assert!(!w.generate(1, 512).unwrap().requests.is_empty(), "{name}");
+        }
+        let e = Workload::named("longg").unwrap_err().to_string();
+        assert!(e.contains("longg") && e.contains("long, mix"), "{e}");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! | preset | geometry (layers, kv heads, head dim) | B/token | KV memory | prefill | decode b=1 → b=128 (1k ctx) |
 //! |---|---|---:|---:|---:|---:|
 //! | `llama3-8b-h100` | 32, 8, 128 | 128 KiB | 48 GiB (80 GB − 16 GB weights) | ~17–20k tok/s | 9.2 → 30 ms |
+//! | `llama3-8b-a100-40gb` | 32, 8, 128 | 128 KiB | 16 GiB (40 GB − 16 GB weights) | ~5.5k tok/s | 15 → 73 ms |
 //! | `qwen-32b-h200` | 64, 8, 128 | 256 KiB | 52 GiB (141 GB − 65 GB weights) | ~6k tok/s | 15 → 42 ms |
 //! | `llama3-70b-4xh100` | 80, 8, 128 (TP 4) | 320 KiB | 128 GiB (4 × 80 GB − 141 GB) | ~8k tok/s | 15 → 38 ms |
 //! | `tiny-cpu` | 2, 2, 64 | 1 KiB | 48 blocks × 32 tokens, given directly | estimate | 2.0 → 4.7 ms at b=16 |
@@ -19,6 +20,21 @@
 //! ~9–10 ms measured with overheads), growing ~0.1–0.15 ms per sequence plus the KV read
 //! (bytes/token ÷ HBM bandwidth); `tiny-cpu` matches vLLM 0.32 for CPU on the 2-layer test model
 //! (~480 tok/s on one stream, ~3.4k tok/s at 16 streams).
+//!
+//! `llama3-8b-a100-40gb` is the same model on the previous generation, a slower class to mix with
+//! `llama3-8b-h100` in one fleet. A100 40GB SXM: 312 dense bf16 TFLOP/s (0.315× the H100's 989),
+//! 1.555 TB/s of HBM2 (0.464× 3.35 TB/s), PCIe Gen4 (half Gen5's bandwidth). Each coefficient of
+//! the H100 class is scaled by the ratio of the resource it stands for: the compute-bound terms
+//! (prefill per token, prefill attention, the per-sequence decode cost) by 989/312 = 3.17 at the
+//! same ~30 % MFU; the weight read of a step's fixed cost by bandwidth (16 GB / 1.555 TB/s =
+//! 10.3 ms, plus the H100 class's ~4.2 ms of launch, scheduling and sampling overhead = 14.5 ms);
+//! the KV read per context token by bandwidth (65 ns × 3.35/1.555 = 140 ns); the CPU-tier copy by
+//! PCIe (5 → 10 µs per token). KV memory by the same rule as above: 40 GB × 0.9 − 16 GB weights −
+//! ~2 GB = 18 GB, rounded down to 16 GiB = 8,192 blocks of 16 (131,072 tokens: one longest
+//! prompt fills it). Prefill comes out ~3.1× slower than the H100 class and decode at batch 1
+//! ~1.6×, at batch 128 ~2.4× — within the 2–3× that published vLLM comparisons of the two GPUs
+//! report for 8B models in bf16. A100 kernels often reach a higher MFU than H100 ones; at ~40 %
+//! prefill would be ~2.4× slower (`timing.prefill_us_per_token` ≈ 120).
 
 use serde::{Deserialize, Serialize};
 
@@ -171,8 +187,9 @@ impl Preset {
 const GIB: u64 = 1 << 30;
 
 /// Names of the built-in presets.
-pub const PRESET_NAMES: [&str; 4] = [
+pub const PRESET_NAMES: [&str; 5] = [
     "llama3-8b-h100",
+    "llama3-8b-a100-40gb",
     "qwen-32b-h200",
     "llama3-70b-4xh100",
     "tiny-cpu",
@@ -202,6 +219,20 @@ fn llama3_8b_h100() -> Preset {
 pub fn preset(name: &str) -> Option<Preset> {
     match name {
         "llama3-8b-h100" => Some(llama3_8b_h100()),
+        "llama3-8b-a100-40gb" => Some(Preset {
+            name: "llama3-8b-a100-40gb",
+            description: "Llama-3-8B class, bf16, one A100 40GB SXM (the H100 class's slower peer)",
+            kv_memory_bytes: 16 * GIB,
+            timing: TimingParams {
+                step_base_us: 14_500.0,
+                prefill_us_per_token: 158.0,
+                attn_ns_per_token_ctx: 5.0,
+                decode_us_per_seq: 317.0,
+                decode_ns_per_ctx_token: 140.0,
+                cpu_load_us_per_token: 10.0,
+            },
+            ..llama3_8b_h100()
+        }),
         "qwen-32b-h200" => Some(Preset {
             name: "qwen-32b-h200",
             description: "Qwen2.5-32B class, bf16, one H200 141GB",
@@ -295,6 +326,15 @@ mod tests {
         assert_eq!(EngineParams::default().num_gpu_blocks, 24_576);
         let q = EngineParams::from_preset("qwen-32b-h200").unwrap();
         assert_eq!(q.num_gpu_blocks, 13_312);
+        let a = EngineParams::from_preset("llama3-8b-a100-40gb").unwrap();
+        assert_eq!(a.num_gpu_blocks, 8_192);
+        assert_eq!(
+            (a.block_size, a.max_model_len),
+            (
+                EngineParams::default().block_size,
+                EngineParams::default().max_model_len
+            )
+        );
         assert_eq!(
             EngineParams::from_preset("tiny-cpu")
                 .unwrap()
@@ -305,6 +345,40 @@ mod tests {
         for name in PRESET_NAMES {
             EngineParams::from_preset(name).unwrap().validate().unwrap();
         }
+    }
+
+    /// The A100 class against the H100 class on the calibration shapes of `timing.rs`: its
+    /// ratios are those of the two GPUs' compute and bandwidth.
+    #[test]
+    fn the_a100_class_is_slower_by_the_hardware_ratios() {
+        use crate::model::timing::BatchShape;
+        let h = EngineParams::from_preset("llama3-8b-h100").unwrap().timing;
+        let a = EngineParams::from_preset("llama3-8b-a100-40gb")
+            .unwrap()
+            .timing;
+        let prefill = |t: &TimingParams| {
+            let mut b = BatchShape::default();
+            b.add_prefill(0, 8192);
+            8192.0 / (t.step_us(&b) as f64 / 1e6)
+        };
+        let decode = |t: &TimingParams, n: usize| {
+            let mut b = BatchShape::default();
+            for _ in 0..n {
+                b.add_decode(1024);
+            }
+            t.step_us(&b) as f64 / 1e3
+        };
+        let rate = prefill(&a);
+        assert!((4_500.0..7_000.0).contains(&rate), "{rate}");
+        let slower = prefill(&h) / rate;
+        assert!((2.8..3.5).contains(&slower), "{slower}");
+        let (one, many) = (decode(&a, 1), decode(&a, 128));
+        assert!((13.0..17.0).contains(&one), "{one} ms");
+        assert!((60.0..85.0).contains(&many), "{many} ms");
+        let ratio_one = one / decode(&h, 1);
+        let ratio_many = many / decode(&h, 128);
+        assert!((1.4..1.8).contains(&ratio_one), "{ratio_one}");
+        assert!((2.0..3.0).contains(&ratio_many), "{ratio_many}");
     }
 
     #[test]
