@@ -365,6 +365,7 @@ impl Routing {
             tokens_per_block: prep.tokens_per_block,
             prompt_tokens: prep.prompt_tokens,
             expected_output_tokens: self.router.expected_output(pool.index, prep.max_tokens),
+            kv_block_tokens: self.pools[pool.index].block_size,
             text: &prep.text,
             seed: self.next_seed(),
             now,

@@ -363,6 +363,7 @@ mod tests {
             tokens_per_block: 16,
             prompt_tokens: hashes.len() as u32 * 16,
             expected_output_tokens: 50,
+            kv_block_tokens: 16,
             text: b"",
             seed,
             now: 1_000,

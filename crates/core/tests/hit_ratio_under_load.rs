@@ -64,6 +64,7 @@ fn run(policy: &Kvgate, gap_ms: f64, requests: u64) -> Outcome {
             tokens_per_block: TPB,
             prompt_tokens: blocks as u32 * TPB,
             expected_output_tokens: 100,
+            kv_block_tokens: 16,
             text: b"",
             seed: mix(k),
             now: now as u64,

@@ -42,6 +42,7 @@ fn req(hashes: &[u64], seed: u64) -> RouteRequest<'_> {
         tokens_per_block: TPB,
         prompt_tokens: hashes.len() as u32 * TPB,
         expected_output_tokens: 100,
+        kv_block_tokens: 16,
         text: b"",
         seed,
         now: 0,

@@ -279,6 +279,7 @@ impl SimRouter {
             tokens_per_block: self.block_tokens,
             prompt_tokens: req.prompt_tokens,
             expected_output_tokens: self.router.expected_output(0, Some(req.output_tokens)),
+            kv_block_tokens: self.block_tokens,
             text: &self.text,
             seed: request_seed(self.seed, id as u64),
             now,

@@ -34,6 +34,11 @@
 //! cost_c     = ttft_c + stall_c + fleet_c + replica_c + decode_c + impact_c
 //! ```
 //!
+//! and its time to first token includes the wait for KV memory: when the batch's context plus
+//! its own exceeds the instance's KV capacity, the excess must be freed by sequences finishing
+//! (spread over their remaining decode). This is what stops a cache-sticky instance from
+//! collecting conversations until it queues for memory.
+//!
 //! `ω` is `decode_weight` (1: every user's milliseconds count alike, so the policy minimises the
 //! sum of everyone's end-to-end latency, the mean E2E); `left_c` the decoding sequences' mean
 //! remaining output (half their expected totals). The `slo` objective adds `slo_penalty_ms` for
@@ -222,8 +227,15 @@ impl Kvgate {
             let ttft_ms = queued / rate_per_ms
                 + prefill_ms
                 + c.rates.decode_interference_ms.max(0.0) * decoding;
+            // Under e2e every request in flight there shares the batch with this one while it
+            // prefills and decodes: the ones waiting ahead of it decode by the time it runs.
+            let sharing = if whole {
+                f64::from(occupancy(c))
+            } else {
+                decoding
+            };
             let stall_weight = if whole { omega } else { p.stall_weight.max(0.0) };
-            let stall_ms = stall_weight * decoding * prefill_ms;
+            let stall_ms = stall_weight * sharing * prefill_ms;
             let redo = ((best - credit) * tpb).clamp(0.0, prompt);
             let occupied = occupancy(c) > 0;
             let base = if occupied {
@@ -238,17 +250,23 @@ impl Kvgate {
             } else {
                 0.0
             };
-            let batch = Batch::of(c, decoding, own_ctx, output);
-            let tpot_before = c.decode.tpot_ms(decoding, batch.context_tokens);
+            let batch = Batch::of(c, sharing, own_ctx, output);
+            let tpot_before = c.decode.tpot_ms(sharing, batch.context_tokens);
+            let memory_ms = if whole {
+                batch.memory_wait_ms(c, req.kv_block_tokens, own_ctx, tpot_before)
+            } else {
+                0.0
+            };
+            let ttft_ms = ttft_ms + memory_ms;
             let added = c.decode.added_per_step_ms(own_ctx);
             let tpot_ms = tpot_before + added;
             let decode_ms = omega * (output - 1.0) * (tpot_ms - pace_floor).max(0.0);
-            let impact_ms = omega * decoding * added * output.min(batch.mean_left_tokens);
+            let impact_ms = omega * sharing * added * output.min(batch.mean_left_tokens);
             let slo_ms = if p.objective == Objective::Slo {
                 let mut missed = f64::from(u8::from(ttft_ms > p.ttft_slo_ms))
                     + f64::from(u8::from(tpot_ms > p.tpot_slo_ms));
                 if tpot_before <= p.tpot_slo_ms && tpot_ms > p.tpot_slo_ms {
-                    missed += decoding;
+                    missed += sharing;
                 }
                 missed * p.slo_penalty_ms
             } else {
@@ -277,6 +295,23 @@ struct Batch {
 }
 
 impl Batch {
+    /// Time this request waits for KV memory on `c`: when the batch's context plus its own
+    /// exceeds the instance's KV capacity, the excess has to be freed by sequences finishing,
+    /// which finish spread over their remaining decode (about twice their mean remaining output
+    /// at the current pace).
+    fn memory_wait_ms(&self, c: &Candidate, block_tokens: u32, own_ctx: f64, tpot_ms: f64) -> f64 {
+        let Some(blocks) = c.cache_capacity_blocks.filter(|&b| b > 0) else {
+            return 0.0;
+        };
+        let capacity = blocks as f64 * f64::from(block_tokens.max(1));
+        let excess = self.context_tokens + own_ctx - capacity;
+        if excess <= 0.0 || self.context_tokens <= 0.0 {
+            return 0.0;
+        }
+        let freed = (excess / self.context_tokens).min(1.0);
+        freed * 2.0 * self.mean_left_tokens * tpot_ms
+    }
+
     /// `decoding` sequences (router-tracked and foreign) on `c`. Sequences the router tracks
     /// carry their context and expected output; the others (foreign, or peers' whose sizes gossip
     /// does not carry) are assumed to be like the tracked ones, or like this request when none is

@@ -38,6 +38,8 @@ pub struct RouteRequest<'a> {
     pub tokens_per_block: u32,
     /// Prompt length in tokens (exact or estimated).
     pub prompt_tokens: u32,
+    /// The engines' KV block size in tokens (what [`Candidate::cache_capacity_blocks`] counts in).
+    pub kv_block_tokens: u32,
     /// Output tokens the request is expected to produce (its `max_tokens`, else the pool's
     /// learned mean).
     pub expected_output_tokens: u32,

@@ -149,6 +149,7 @@ pub(crate) mod testing {
             tokens_per_block: 16,
             prompt_tokens: (hashes.len() as u32) * 16,
             expected_output_tokens: 100,
+            kv_block_tokens: 16,
             text,
             seed,
             now: 0,
