@@ -25,8 +25,9 @@ pub struct CompareArgs {
     #[command(flatten)]
     pub output: OutputArgs,
     /// Contenders, comma-separated: kvgate policies (kvgate, round_robin, least_load,
-    /// consistent_hash, sglang_cache_aware, dynamo_cost, llmd_weighted, ...), `sglang-router`,
-    /// `vllm-router`; repeat the flag for `NAME=COMMAND TEMPLATE` contenders.
+    /// consistent_hash, sglang_cache_aware, dynamo_cost, llmd_weighted, ...), `smg`,
+    /// `sglang-router`, `vllm-router` (from --python's venv: loadtest/peers/install.sh); repeat
+    /// the flag for `NAME=COMMAND TEMPLATE` contenders.
     #[arg(
         long,
         value_delimiter = ',',

@@ -62,9 +62,30 @@ impl ContenderSpec {
         ContenderSpec::Kvgate { name, policy }
     }
 
-    /// Known external routers by short name: `sglang-router`, `vllm-router`.
+    /// Built-in external routers, by the names [`ContenderSpec::parse`] accepts.
+    pub const PRESETS: [&'static str; 3] = ["smg", "sglang-router", "vllm-router"];
+
+    /// Known external routers by short name: `smg`, `sglang-router`, `vllm-router`.
+    ///
+    /// All bind 127.0.0.1 only (their listeners and metrics default to 0.0.0.0) and use their
+    /// cache-aware policy; everything else stays at the router's defaults.
     pub fn preset(name: &str) -> Option<Self> {
         let (command, version) = match name {
+            // `{python} -m smg`, not `{bindir}/smg`: sglang-router 0.3.2 installs a `smg` script
+            // of its own (an alias of its CLI) into the same venv, so which program `bin/smg`
+            // runs depends on install order. `--log-level warn`: at its default, info, smg logs
+            // every request, which costs it throughput under load. `--disable-tokenizer-autoload`:
+            // over HTTP its cache-aware tree matches characters, so it needs no tokenizer, and
+            // with the flag it never looks one up on a model hub (the fleet is offline).
+            "smg" => (
+                "{python} -m smg launch --host 127.0.0.1 --port {port} \
+                 --prometheus-host 127.0.0.1 --prometheus-port {metrics_port} \
+                 --log-level warn --policy cache_aware --disable-tokenizer-autoload \
+                 --worker-urls {workers}",
+                // The wheel's metadata; `smg --version` would print the binary's own
+                // "smg 1.13.0", which would show as "smg smg 1.13.0" beside the name.
+                "{python} -m pip show smg",
+            ),
             "sglang-router" => (
                 "{python} -m sglang_router.launch_router --host 127.0.0.1 --port {port} \
                  --prometheus-host 127.0.0.1 --prometheus-port {metrics_port} \
@@ -87,7 +108,7 @@ impl ContenderSpec {
     }
 
     /// Parses a CLI contender: a kvgate policy name (`kvgate`, `round_robin`, ...), a preset
-    /// (`sglang-router`), or `NAME=COMMAND TEMPLATE`.
+    /// (`smg`, `sglang-router`, `vllm-router`), or `NAME=COMMAND TEMPLATE`.
     pub fn parse(s: &str) -> Result<Self, String> {
         if let Some((name, command)) = s.split_once('=') {
             let name = name.trim();
@@ -109,9 +130,10 @@ impl ContenderSpec {
             .ok_or_else(|| {
                 let known: Vec<&str> = PolicyName::ALL.iter().map(|p| p.as_str()).collect();
                 format!(
-                    "unknown contender {s:?}: expected a kvgate policy ({}), sglang-router, \
-                     vllm-router, or NAME=COMMAND",
-                    known.join(", ")
+                    "unknown contender {s:?}: expected a kvgate policy ({}), an external router \
+                     ({}), or NAME=COMMAND",
+                    known.join(", "),
+                    Self::PRESETS.join(", ")
                 )
             })?;
         Ok(Self::kvgate(policy))
@@ -180,10 +202,54 @@ mod tests {
         ));
         let c = ContenderSpec::parse("mine=./r --port {port}").unwrap();
         assert_eq!(c.name(), "mine");
-        assert!(ContenderSpec::parse("nope")
-            .unwrap_err()
-            .contains("round_robin"));
+        let err = ContenderSpec::parse("nope").unwrap_err();
+        assert!(err.contains("round_robin"), "{err}");
+        for name in ContenderSpec::PRESETS {
+            assert!(err.contains(name), "{err}");
+        }
         assert!(ContenderSpec::parse("=x").is_err());
+    }
+
+    #[test]
+    fn every_preset_is_a_pinned_loopback_router() {
+        for name in ContenderSpec::PRESETS {
+            let Ok(ContenderSpec::External {
+                name: n,
+                command,
+                version_command,
+            }) = ContenderSpec::parse(name)
+            else {
+                panic!("{name} is not an external preset");
+            };
+            assert_eq!(n, name);
+            assert!(
+                command.contains("--host 127.0.0.1 --port {port}"),
+                "{command}"
+            );
+            assert!(command.contains("--prometheus-host 127.0.0.1"), "{command}");
+            assert!(command.contains("--policy cache_aware"), "{command}");
+            assert!(command.ends_with("--worker-urls {workers}"), "{command}");
+            assert!(
+                version_command
+                    .as_deref()
+                    .is_some_and(|v| v.ends_with(&format!("pip show {name}"))),
+                "{version_command:?}"
+            );
+        }
+        assert_eq!(ContenderSpec::preset("kvgate"), None);
+    }
+
+    #[test]
+    fn smg_runs_its_own_module_quietly_and_offline() {
+        let Some(ContenderSpec::External { command, .. }) = ContenderSpec::preset("smg") else {
+            panic!("no smg preset");
+        };
+        assert!(command.starts_with("{python} -m smg launch "), "{command}");
+        assert!(command.contains("--log-level warn"), "{command}");
+        assert!(
+            command.contains("--disable-tokenizer-autoload"),
+            "{command}"
+        );
     }
 
     #[test]
