@@ -24,9 +24,11 @@
 //!   going straight to the same handler and everything else through the axum router
 //!   ([`proxy::service`]).
 //! - [`admin`] — `/health`, `/ready`, `/metrics`, `/v1/models`, `/admin/*`.
-//! - [`routing`] — the only caller of the routing core: prompt → block hashes → index match →
-//!   policy decision → prediction + load guard; keeps the decision log ([`decision_log`], sharded
-//!   by serving thread).
+//! - [`routing`] — the only caller of the routing core: prompt → block hashes → usable instances
+//!   offered to `kvgate_core::router::Router::route` (index match → policy decision → prediction +
+//!   load guard, the sequence the offline simulator runs too), gossip as its peer plane; feeds
+//!   first tokens and finished streams back to the learned rates; keeps the decision log
+//!   ([`decision_log`], sharded by serving thread).
 //! - [`fleet`] — pools by model, instances with dense ids, health (active checks + passive
 //!   ejection), latency averages, engine load scraping, the `/v1/models` union.
 //! - [`client`] — HTTP/1.1 client doing each exchange on the request's own task over a per-thread
@@ -39,7 +41,8 @@
 //! - [`metrics`] — every metric name, help text and bucket set.
 //! - [`config`] — one typed [`config::Config`]; defaults in one place; TOML < `KVGATE_*` env < flags.
 //! - [`alloc`] — the binaries' global allocator (mimalloc through its unaligned fast paths).
-//! - `crates/core` (`kvgate-core`) — the pure routing core: hashing, placement index, load, policies.
+//! - `crates/core` (`kvgate-core`) — the pure routing core: hashing, placement index, load and
+//!   learned rates, policies, the one decision sequence (`router`).
 //!   No I/O, no clock (time is passed in via [`clock::Clock`] at this edge).
 //! - `crates/tokenizer` — tokenizers and chat templates for token-mode hashing.
 //! - `crates/sim` — engine simulator (OpenAI API, prefix cache, metrics, KV events); also the

@@ -434,8 +434,12 @@ impl Routing {
     /// Folds an observed time to first token into the instance's rate estimate, and returns the
     /// decode batch the request joins there (the start of its decode observation).
     pub fn observe_ttft(&self, id: InstanceId, learning: &Learning, ttft_ms: f64) -> BatchSample {
-        self.router
-            .observe_first_token(id, learning.uncached_tokens, learning.at_dispatch, ttft_ms);
+        self.router.observe_first_token(
+            id,
+            learning.uncached_tokens,
+            learning.at_dispatch,
+            ttft_ms,
+        );
         self.batch(id)
     }
 

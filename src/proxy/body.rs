@@ -11,9 +11,9 @@
 use crate::app::AppState;
 use crate::client::body::UpstreamBody;
 use crate::metrics;
+use crate::routing::Learning;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use crate::routing::Learning;
 use kvgate_core::load::LoadGuard;
 use kvgate_core::router::BatchSample;
 use kvgate_core::InstanceId;
@@ -321,7 +321,10 @@ enum Scan {
     Line0,
     Mark(u8),
     /// After `data:`: whether its optional space was skipped, and how much of `[DONE]` matched.
-    Payload { spaced: bool, done: u8 },
+    Payload {
+        spaced: bool,
+        done: u8,
+    },
 }
 
 impl Events {
@@ -395,7 +398,8 @@ mod tests {
 
     #[test]
     fn events_are_counted_across_any_frame_split() {
-        let stream = b"data: {\"a\":1}\n\ndata: {\"a\":2}\n\ndata:{\"b\":\"data: x\"}\n\ndata: [DONE]\n\n";
+        let stream =
+            b"data: {\"a\":1}\n\ndata: {\"a\":2}\n\ndata:{\"b\":\"data: x\"}\n\ndata: [DONE]\n\n";
         for split in 0..stream.len() {
             let mut e = Events::default();
             e.feed(&stream[..split]);

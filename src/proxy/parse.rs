@@ -586,6 +586,39 @@ mod tests {
     }
 
     #[test]
+    fn output_bounds_are_read_leniently() {
+        let cases: [(&[u8], Option<u32>); 7] = [
+            (br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":64}"#, Some(64)),
+            (
+                br#"{"max_completion_tokens":100,"max_tokens":30,"messages":[{"role":"user","content":"x"}]}"#,
+                Some(30),
+            ),
+            (br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":"64"}"#, None),
+            (br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":-1}"#, None),
+            (br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":1.5}"#, None),
+            (br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":99999999999}"#, None),
+            (br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":null}"#, None),
+        ];
+        for (body, want) in cases {
+            let r = parse(Endpoint::Chat, body).expect("valid");
+            assert_eq!(r.max_tokens, want, "{}", String::from_utf8_lossy(body));
+        }
+        let r = parse(
+            Endpoint::Responses,
+            br#"{"input":"x","max_output_tokens":7}"#,
+        )
+        .expect("valid");
+        assert_eq!(r.max_tokens, Some(7));
+        // Malformed JSON inside the field is still malformed.
+        assert!(parse(Endpoint::Chat, br#"{"messages":[],"max_tokens":1e}"#).is_err());
+        assert!(parse(
+            Endpoint::Chat,
+            br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":1,"max_tokens":2}"#
+        )
+        .is_err());
+    }
+
+    #[test]
     fn content_parts_are_joined() {
         let body = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{}},{"type":"text","text":"b"}]}]}"#;
         let r = parse(Endpoint::Chat, body).unwrap();

@@ -14,7 +14,8 @@ mod outputs;
 mod rates;
 
 pub use decode::{
-    DecodeEstimator, DecodeObservation, DecodeRateConfig, DecodeRates, DecodeView, InvalidDecodeRate,
+    DecodeEstimator, DecodeObservation, DecodeRateConfig, DecodeRates, DecodeView,
+    InvalidDecodeRate,
 };
 pub use outputs::OutputLengths;
 pub use rates::{RateConfig, RateEstimator};

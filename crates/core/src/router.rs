@@ -128,7 +128,12 @@ pub struct Router {
 
 impl Router {
     /// A router over `instances` instances in `pools` pools, routing against `index`.
-    pub fn new(cfg: RouterConfig, index: Arc<PlacementIndex>, instances: usize, pools: usize) -> Self {
+    pub fn new(
+        cfg: RouterConfig,
+        index: Arc<PlacementIndex>,
+        instances: usize,
+        pools: usize,
+    ) -> Self {
         Self {
             rates: RateEstimator::new(cfg.rates.clone(), instances),
             decode: DecodeEstimator::new(cfg.decode_rates.clone(), instances),
@@ -190,7 +195,8 @@ impl Router {
             if let Some(p) = peers {
                 p.materialize(req.hashes, now);
             }
-            self.index.match_prefix(req.hashes, now, &mut scratch.matches);
+            self.index
+                .match_prefix(req.hashes, now, &mut scratch.matches);
         } else {
             scratch.matches.rows.clear();
         }
@@ -402,7 +408,13 @@ mod tests {
         let hashes: Vec<u64> = (0..8).collect();
         let mut scratch = Scratch::default();
         let first = r
-            .route(&*policy, &request(&hashes, 1), offers(3), Some(&peers), &mut scratch)
+            .route(
+                &*policy,
+                &request(&hashes, 1),
+                offers(3),
+                Some(&peers),
+                &mut scratch,
+            )
             .expect("routed");
         let chosen = first.decision.chosen;
         assert_eq!(first.size().uncached_prefill_tokens, 128);
@@ -413,7 +425,13 @@ mod tests {
         assert_eq!(peers.recorded.lock()[0], (chosen, 8, 0));
         // The prediction makes the next identical prompt a full match there.
         let second = r
-            .route(&*policy, &request(&hashes, 2), offers(3), None, &mut scratch)
+            .route(
+                &*policy,
+                &request(&hashes, 2),
+                offers(3),
+                None,
+                &mut scratch,
+            )
             .expect("routed");
         let held = scratch
             .candidates()
@@ -429,7 +447,13 @@ mod tests {
         }
         // Nothing offered, nothing routed.
         assert!(r
-            .route(&*policy, &request(&hashes, 3), Vec::new(), None, &mut scratch)
+            .route(
+                &*policy,
+                &request(&hashes, 3),
+                Vec::new(),
+                None,
+                &mut scratch
+            )
             .is_none());
     }
 
@@ -440,17 +464,31 @@ mod tests {
         let policy = build_policy(&PolicyConfig::default());
         let hashes: Vec<u64> = (0..4).collect();
         let mut scratch = Scratch::default();
-        let _g = r.route(&*policy, &request(&hashes, 1), offers(2), None, &mut scratch);
+        let _g = r.route(
+            &*policy,
+            &request(&hashes, 1),
+            offers(2),
+            None,
+            &mut scratch,
+        );
         assert!(r.index().is_empty());
     }
 
     #[test]
     fn the_decode_batch_counts_peers_and_scales_their_sizes() {
         let r = router(1);
-        let mut g = r.load().dispatch_sized(InstanceId(0), RequestSize::new(1000, 1000, 100));
+        let mut g = r
+            .load()
+            .dispatch_sized(InstanceId(0), RequestSize::new(1000, 1000, 100));
         g.first_token();
         let own = r.batch(InstanceId(0), None);
-        assert_eq!(own, BatchSample { seqs: 1.0, context_tokens: 1050.0 });
+        assert_eq!(
+            own,
+            BatchSample {
+                seqs: 1.0,
+                context_tokens: 1050.0
+            }
+        );
         let peers = Recorder::default();
         let both = r.batch(InstanceId(0), Some(&peers));
         // One own sequence of 1050 and one peer's, taken to be the same size (+ its own 7).
@@ -477,7 +515,10 @@ mod tests {
         }
         let after = r.decode_rates().rates(InstanceId(0));
         assert!(after.tpot_ms(4.0, 40_000.0) > 2.0 * before.tpot_ms(4.0, 40_000.0));
-        assert!((after.tpot_ms(4.0, 40_000.0) - 40.0).abs() < 4.0, "{after:?}");
+        assert!(
+            (after.tpot_ms(4.0, 40_000.0) - 40.0).abs() < 4.0,
+            "{after:?}"
+        );
         assert!(r.expected_output(0, None) < 200);
         assert_eq!(r.expected_output(0, Some(9)), 9);
     }

@@ -197,7 +197,7 @@ pub fn gateway_router_settings(
     predicted_ttl_ms: Option<u64>,
     scrape_interval_ms: u64,
 ) -> RouterSettings {
-    let mut s = RouterSettings::gateway_defaults(fleet.instance_capacity_blocks());
+    let mut s = RouterSettings::gateway_defaults(fleet.reported_capacity_blocks());
     s.index_mode = index;
     if let Some(ttl) = predicted_ttl_ms {
         s.predicted_ttl_ms = ttl;

@@ -92,10 +92,18 @@ impl FleetSpec {
         self.engines.first().map_or(0, |e| e.params.block_size)
     }
 
-    /// KV capacity of each engine in blocks as the engine reports it (its GPU blocks, as vLLM's
-    /// `num_gpu_blocks`; the index bound's capacity factor leaves room for the CPU tier), in
-    /// instance order.
+    /// KV capacity of each engine in blocks, GPU + CPU, in instance order.
     pub fn instance_capacity_blocks(&self) -> Vec<u64> {
+        self.engines
+            .iter()
+            .map(|e| u64::from(e.params.num_gpu_blocks) + u64::from(e.params.num_cpu_blocks))
+            .collect()
+    }
+
+    /// KV capacity of each engine in blocks as the engine reports it to a router (its GPU
+    /// blocks, as vLLM's `num_gpu_blocks`; the index bound's capacity factor leaves room for the
+    /// CPU tier), in instance order.
+    pub fn reported_capacity_blocks(&self) -> Vec<u64> {
         self.engines
             .iter()
             .map(|e| u64::from(e.params.num_gpu_blocks))

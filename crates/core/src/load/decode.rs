@@ -172,7 +172,9 @@ impl DecodeRates {
     /// Predicted time per output token with `seqs` sequences of `context_tokens` in total
     /// decoding, ms.
     pub fn tpot_ms(&self, seqs: f64, context_tokens: f64) -> f64 {
-        self.step_ms + self.per_seq_ms * seqs.max(0.0) + self.per_kctx_ms * context_tokens.max(0.0) / 1000.0
+        self.step_ms
+            + self.per_seq_ms * seqs.max(0.0)
+            + self.per_kctx_ms * context_tokens.max(0.0) / 1000.0
     }
 
     /// What one more sequence of `context_tokens` adds to every decode step, ms.
@@ -313,7 +315,8 @@ impl DecodeEstimator {
         if idx >= st.instances.len() {
             return cfg.initial();
         }
-        st.pool.accumulate(cfg.forgetting, cfg.outlier_clip, x, tpot);
+        st.pool
+            .accumulate(cfg.forgetting, cfg.outlier_clip, x, tpot);
         st.pool.solve(&shape, cfg.configured_theta(), 0.0);
         let anchor = st.pool.theta;
         let f = &mut st.instances[idx];
@@ -375,10 +378,18 @@ mod tests {
         assert!(near(r.step_ms, 9.0, 0.1), "{r:?}");
         assert!(near(r.per_kctx_ms, 0.065, 0.1), "{r:?}");
         // A predicted step of a busy batch is right within a few percent.
-        assert!(near(r.tpot_ms(32.0, 400_000.0), truth.tpot_ms(32.0, 400_000.0), 0.05));
+        assert!(near(
+            r.tpot_ms(32.0, 400_000.0),
+            truth.tpot_ms(32.0, 400_000.0),
+            0.05
+        ));
         // The other instance, with no history, is scored like the fleet.
         let other = est.rates(InstanceId(1));
-        assert!(near(other.tpot_ms(32.0, 400_000.0), truth.tpot_ms(32.0, 400_000.0), 0.15));
+        assert!(near(
+            other.tpot_ms(32.0, 400_000.0),
+            truth.tpot_ms(32.0, 400_000.0),
+            0.15
+        ));
     }
 
     #[test]
@@ -444,8 +455,14 @@ mod tests {
         }
         let r = est.rates(InstanceId(0));
         let cfg = DecodeRateConfig::default();
-        assert!(r.step_ms <= cfg.max_step_ms && r.per_seq_ms <= cfg.max_per_seq_ms, "{r:?}");
-        assert!(r.per_kctx_ms <= cfg.max_per_kctx_ms && r.per_kctx_ms >= 0.0, "{r:?}");
+        assert!(
+            r.step_ms <= cfg.max_step_ms && r.per_seq_ms <= cfg.max_per_seq_ms,
+            "{r:?}"
+        );
+        assert!(
+            r.per_kctx_ms <= cfg.max_per_kctx_ms && r.per_kctx_ms >= 0.0,
+            "{r:?}"
+        );
         // Unknown instances read the pool's estimate and learn nothing.
         let fresh = DecodeEstimator::new(cfg.clone(), 1);
         assert_eq!(fresh.rates(InstanceId(5)), cfg.initial());

@@ -112,8 +112,8 @@ impl Fit {
         let Some(theta) = solve3(m, v) else {
             return;
         };
-        for i in 0..3 {
-            self.theta[i] = clamp(theta[i], shape.lo[i], shape.hi[i]);
+        for (i, t) in theta.into_iter().enumerate() {
+            self.theta[i] = clamp(t, shape.lo[i], shape.hi[i]);
         }
     }
 }
@@ -181,7 +181,11 @@ mod tests {
             f.accumulate(0.9, 1e6, [1.0, 1.0, 1.0], 1e9);
             f.solve(&SHAPE, [1.0, 1.0, 1.0], 0.0);
         }
-        assert!(f.theta.iter().all(|t| (0.0..=100.0).contains(t)), "{:?}", f.theta);
+        assert!(
+            f.theta.iter().all(|t| (0.0..=100.0).contains(t)),
+            "{:?}",
+            f.theta
+        );
     }
 
     #[test]

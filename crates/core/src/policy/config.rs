@@ -114,12 +114,14 @@ pub struct PolicyConfig {
 #[serde(rename_all = "snake_case")]
 pub enum Objective {
     /// The request's time to first token, plus the fleet's recompute price and a low-weighted
-    /// stall of the sequences decoding beside it.
+    /// stall of the sequences decoding beside it. The default: on the offline workloads of
+    /// docs/offline-simulator.md `e2e` cuts mean end-to-end latency but loses p99 TTFT and
+    /// request-share evenness, and a shared-system-prompt guard.
+    #[default]
     Ttft,
     /// Everyone's end-to-end latency: the request's own (first token, then its decode in the batch
     /// it joins) plus what it adds to the requests already there (its prefill stalls their
-    /// steps, its sequence lengthens every later step).
-    #[default]
+    /// steps, its sequence lengthens every later step), and its wait for KV memory.
     E2e,
     /// `e2e`, plus a price per request pushed over its time-to-first-token or time-per-output-
     /// token target, so that as many requests as possible meet both.
@@ -141,7 +143,7 @@ impl Objective {
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KvgateParams {
-    /// What the policy minimises. Default `e2e`.
+    /// What the policy minimises. Default `ttft`.
     pub objective: Objective,
     /// Objectives `e2e` and `slo`: weight of the decode terms (the request's own decode in the
     /// batch it joins, and what it adds to the other sequences' decode and to their steps while
@@ -198,7 +200,7 @@ pub struct KvgateParams {
 impl Default for KvgateParams {
     fn default() -> Self {
         Self {
-            objective: Objective::E2e,
+            objective: Objective::Ttft,
             decode_weight: 1.0,
             ttft_slo_ms: 2000.0,
             tpot_slo_ms: 100.0,

@@ -21,7 +21,7 @@
 //! `w_c` is the number of requests waiting for their first token on `c`: router-tracked plus
 //! foreign waiting requests; `decoding_c` the sequences past their first token there.
 //!
-//! With the `e2e` objective (the default) the cost covers the whole request and what it does to
+//! With the `e2e` objective the cost covers the whole request and what it does to
 //! the others on `c` (`o` expected output tokens, `ctx` = prompt + o/2 its mean context while
 //! decoding, `K_c` the decoding sequences' total context, `D_c` the learned decode step model
 //! `tpot(seqs, context) = step + per_seq·seqs + per_kctx·context/1000`):
@@ -234,7 +234,11 @@ impl Kvgate {
             } else {
                 decoding
             };
-            let stall_weight = if whole { omega } else { p.stall_weight.max(0.0) };
+            let stall_weight = if whole {
+                omega
+            } else {
+                p.stall_weight.max(0.0)
+            };
             let stall_ms = stall_weight * sharing * prefill_ms;
             let redo = ((best - credit) * tpb).clamp(0.0, prompt);
             let occupied = occupancy(c) > 0;
@@ -467,6 +471,13 @@ mod tests {
         })
     }
 
+    fn e2e() -> Kvgate {
+        Kvgate::new(KvgateParams {
+            objective: Objective::E2e,
+            ..Default::default()
+        })
+    }
+
     #[test]
     fn a_prefill_is_priced_for_every_sequence_decoding_beside_it() {
         let p = ttft_only();
@@ -586,15 +597,13 @@ mod tests {
         for seed in 0..16 {
             let r = req(&hashes, b"", seed);
             assert_eq!(ttft_only().decide(&r, &cs).map(|d| d.chosen.0), Some(0));
-            assert_eq!(Kvgate::default().decide(&r, &cs).map(|d| d.chosen.0), Some(1));
+            assert_eq!(e2e().decide(&r, &cs).map(|d| d.chosen.0), Some(1));
         }
-        let t = terms(&Kvgate::default(), &hashes, &cs);
+        let t = terms(&e2e(), &hashes, &cs);
         assert!(t[0].tpot_ms > 3.0 * t[1].tpot_ms, "{t:?}");
         assert!(t[0].impact_ms > t[1].impact_ms && t[0].decode_ms > t[1].decode_ms);
         // The reported prediction is still the time to first token.
-        let d = Kvgate::default()
-            .decide(&req(&hashes, b"", 1), &cs)
-            .expect("decision");
+        let d = e2e().decide(&req(&hashes, b"", 1), &cs).expect("decision");
         assert!((d.predicted_cost_ms - t[1].ttft_ms).abs() < 1e-9);
         // Under ttft the decode terms are not priced at all.
         let t = terms(&ttft_only(), &hashes, &cs);
@@ -612,7 +621,7 @@ mod tests {
         let mut ttft_picks = [0; 2];
         for seed in 0..64 {
             let r = req(&hashes, b"", seed);
-            assert_eq!(Kvgate::default().decide(&r, &cs).map(|d| d.chosen.0), Some(0));
+            assert_eq!(e2e().decide(&r, &cs).map(|d| d.chosen.0), Some(0));
             if let Some(d) = ttft_only().decide(&r, &cs) {
                 ttft_picks[d.chosen.index()] += 1;
             }
@@ -636,9 +645,12 @@ mod tests {
         assert!(t[0].tpot_ms > 37.6, "{t:?}");
         assert!((t[0].slo_ms - 26.0 * 30_000.0).abs() < 1e-6, "{t:?}");
         assert!((t[1].slo_ms - 30_000.0).abs() < 1e-6, "{t:?}");
-        assert_eq!(slo.decide(&req(&hashes, b"", 1), &cs).map(|d| d.chosen.0), Some(1));
+        assert_eq!(
+            slo.decide(&req(&hashes, b"", 1), &cs).map(|d| d.chosen.0),
+            Some(1)
+        );
         // Without the targets, e2e alone weighs 25 slower streams against one long wait.
-        let e2e = terms(&Kvgate::default(), &hashes, &cs);
+        let e2e = terms(&e2e(), &hashes, &cs);
         assert_eq!((e2e[0].slo_ms, e2e[1].slo_ms), (0.0, 0.0));
     }
 }
