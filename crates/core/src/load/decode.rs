@@ -20,7 +20,7 @@
 //! Invariants: pure (no clock); bounded (one entry per instance, ids beyond
 //! [`crate::index::MAX_INSTANCES`] ignored); rates always finite, non-negative and bounded.
 
-use super::fit::{clamp, Fit, Shape};
+use super::fit::{clamp, Fit, Fits, Learning, Shape};
 use crate::InstanceId;
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
@@ -198,20 +198,13 @@ pub struct DecodeObservation {
 
 /// A read-locked view of a [`DecodeEstimator`]'s estimates.
 pub struct DecodeView<'a> {
-    state: parking_lot::RwLockReadGuard<'a, State>,
+    state: parking_lot::RwLockReadGuard<'a, Fits>,
 }
 
 impl DecodeView<'_> {
     /// Current estimate of `instance` (the pool's for unknown instances).
     pub fn rates(&self, instance: InstanceId) -> DecodeRates {
-        rates_of(
-            &self
-                .state
-                .instances
-                .get(instance.index())
-                .unwrap_or(&self.state.pool)
-                .theta,
-        )
+        rates_of(&self.state.get(instance.index()).theta)
     }
 }
 
@@ -219,15 +212,7 @@ impl DecodeView<'_> {
 #[derive(Debug)]
 pub struct DecodeEstimator {
     cfg: DecodeRateConfig,
-    state: RwLock<State>,
-}
-
-#[derive(Debug)]
-struct State {
-    pool: Fit,
-    instances: Vec<Fit>,
-    /// Next instance re-anchored on the moving pool estimate (one per observation).
-    cursor: usize,
+    state: RwLock<Fits>,
 }
 
 impl DecodeEstimator {
@@ -237,11 +222,7 @@ impl DecodeEstimator {
         let pool = Fit::prior(theta, &cfg.shape(), theta[0].max(1.0));
         let n = instances.min(crate::index::MAX_INSTANCES);
         Self {
-            state: RwLock::new(State {
-                pool,
-                instances: vec![Fit::anchored_on(&pool); n],
-                cursor: 0,
-            }),
+            state: RwLock::new(Fits::new(pool, n)),
             cfg,
         }
     }
@@ -253,8 +234,7 @@ impl DecodeEstimator {
 
     /// Current estimate of `instance` (the pool's for unknown instances).
     pub fn rates(&self, instance: InstanceId) -> DecodeRates {
-        let st = self.state.read();
-        rates_of(&st.instances.get(instance.index()).unwrap_or(&st.pool).theta)
+        rates_of(&self.state.read().get(instance.index()).theta)
     }
 
     /// The estimates as they stand, for several reads under one lock acquisition (a routing
@@ -274,20 +254,12 @@ impl DecodeEstimator {
     /// Grows the fleet to at least `instances` (new ones start at the pool's estimate).
     pub fn ensure_len(&self, instances: usize) {
         let n = instances.min(crate::index::MAX_INSTANCES);
-        let mut st = self.state.write();
-        if st.instances.len() < n {
-            let init = Fit::anchored_on(&st.pool);
-            st.instances.resize(n, init);
-        }
+        self.state.write().ensure_len(n);
     }
 
     /// Forgets what was learned about `instance`.
     pub fn reset(&self, instance: InstanceId) {
-        let mut st = self.state.write();
-        let init = Fit::anchored_on(&st.pool);
-        if let Some(f) = st.instances.get_mut(instance.index()) {
-            *f = init;
-        }
+        self.state.write().reset(instance.index());
     }
 
     /// Learns from one finished stream on `instance`. Returns the updated estimate.
@@ -307,29 +279,18 @@ impl DecodeEstimator {
             o.seqs.max(1.0) / SEQ_SCALE,
             o.context_tokens.max(0.0) / 1000.0 / KCTX_SCALE,
         ];
-        let shape = cfg.shape();
-        let pool_weight = clamp(cfg.pool_weight, 0.0, 1e6);
-        let mut guard = self.state.write();
-        let st = &mut *guard;
-        let idx = instance.index();
-        if idx >= st.instances.len() {
-            return cfg.initial();
+        let learning = Learning {
+            shape: cfg.shape(),
+            configured: cfg.configured_theta(),
+            forgetting: cfg.forgetting,
+            outlier_clip: cfg.outlier_clip,
+            pool_weight: cfg.pool_weight,
+        };
+        let mut fits = self.state.write();
+        match fits.learn(instance.index(), &learning, x, tpot) {
+            Some(f) => rates_of(&f.theta),
+            None => cfg.initial(),
         }
-        st.pool
-            .accumulate(cfg.forgetting, cfg.outlier_clip, x, tpot);
-        st.pool.solve(&shape, cfg.configured_theta(), 0.0);
-        let anchor = st.pool.theta;
-        let f = &mut st.instances[idx];
-        f.accumulate(cfg.forgetting, cfg.outlier_clip, x, tpot);
-        f.solve(&shape, anchor, pool_weight);
-        let out = rates_of(&f.theta);
-        let n = st.instances.len();
-        st.cursor = (st.cursor + 1) % n;
-        let c = st.cursor;
-        if c != idx {
-            st.instances[c].solve(&shape, anchor, pool_weight);
-        }
-        out
     }
 }
 

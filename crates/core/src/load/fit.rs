@@ -118,6 +118,87 @@ impl Fit {
     }
 }
 
+/// How one observation is folded in.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Learning {
+    /// Parameter bounds and scales.
+    pub shape: Shape,
+    /// The configured values: the fleet-wide fit's anchor.
+    pub configured: [f64; 3],
+    /// Weight an older observation keeps per newer one.
+    pub forgetting: f64,
+    /// Residual clip, in running mean absolute residuals.
+    pub outlier_clip: f64,
+    /// Weight, in observations, of the fleet-wide fit in each instance's.
+    pub pool_weight: f64,
+}
+
+/// A fleet's fits: one over every instance's observations, anchored on the configured values,
+/// and one per instance, anchored on the fleet's.
+#[derive(Debug)]
+pub(super) struct Fits {
+    /// The fleet-wide fit.
+    pub pool: Fit,
+    /// Per-instance fits.
+    pub instances: Vec<Fit>,
+    /// Next instance whose fit is re-anchored on the moving pool estimate (one per observation,
+    /// so instances without traffic follow the pool at a bounded cost per observation).
+    cursor: usize,
+}
+
+impl Fits {
+    /// `n` instances, all at `pool`.
+    pub fn new(pool: Fit, n: usize) -> Fits {
+        Fits {
+            pool,
+            instances: vec![Fit::anchored_on(&pool); n],
+            cursor: 0,
+        }
+    }
+
+    /// The fit of instance `idx` (the pool's for unknown instances).
+    pub fn get(&self, idx: usize) -> &Fit {
+        self.instances.get(idx).unwrap_or(&self.pool)
+    }
+
+    /// Grows to at least `n` instances (new ones start at the pool's estimate).
+    pub fn ensure_len(&mut self, n: usize) {
+        if self.instances.len() < n {
+            let init = Fit::anchored_on(&self.pool);
+            self.instances.resize(n, init);
+        }
+    }
+
+    /// Instance `idx` starts again from the pool's estimate.
+    pub fn reset(&mut self, idx: usize) {
+        let init = Fit::anchored_on(&self.pool);
+        if let Some(f) = self.instances.get_mut(idx) {
+            *f = init;
+        }
+    }
+
+    /// Folds observation `(x, y)` of instance `idx` into the pool's fit and its own, and
+    /// re-anchors one more instance on the pool. `None` for an unknown instance (nothing learned).
+    pub fn learn(&mut self, idx: usize, l: &Learning, x: [f64; 3], y: f64) -> Option<&Fit> {
+        if idx >= self.instances.len() {
+            return None;
+        }
+        let pool_weight = clamp(l.pool_weight, 0.0, 1e6);
+        self.pool.accumulate(l.forgetting, l.outlier_clip, x, y);
+        self.pool.solve(&l.shape, l.configured, 0.0);
+        let anchor = self.pool.theta;
+        let f = &mut self.instances[idx];
+        f.accumulate(l.forgetting, l.outlier_clip, x, y);
+        f.solve(&l.shape, anchor, pool_weight);
+        self.cursor = (self.cursor + 1) % self.instances.len();
+        let c = self.cursor;
+        if c != idx {
+            self.instances[c].solve(&l.shape, anchor, pool_weight);
+        }
+        self.instances.get(idx)
+    }
+}
+
 /// `x` inside `[lo, hi]`; non-finite bounds fall back to `[0, lo]`, NaN to `lo`.
 pub(super) fn clamp(x: f64, lo: f64, hi: f64) -> f64 {
     let lo = if lo.is_finite() { lo } else { 0.0 };

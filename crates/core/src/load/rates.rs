@@ -20,7 +20,7 @@
 //! Invariants: pure (no clock); bounded (one entry per instance, ids beyond
 //! [`crate::index::MAX_INSTANCES`] ignored); rates always finite and inside their ranges.
 
-use super::fit::{clamp, Fit, Shape};
+use super::fit::{clamp, Fit, Fits, Learning, Shape};
 use super::InstanceRates;
 use crate::InstanceId;
 use parking_lot::RwLock;
@@ -132,6 +132,16 @@ impl RateConfig {
         }
     }
 
+    fn learning(&self) -> Learning {
+        Learning {
+            shape: self.shape(),
+            configured: self.configured_theta(),
+            forgetting: self.forgetting,
+            outlier_clip: self.outlier_clip,
+            pool_weight: self.pool_weight,
+        }
+    }
+
     fn rates_of(&self, fit: &Fit) -> InstanceRates {
         InstanceRates {
             prefill_tokens_per_s: clamp(
@@ -157,18 +167,7 @@ const PRIOR_FEATURE_SCALE: [f64; 3] = [1.0, 2.0, 1.0];
 #[derive(Debug)]
 pub struct RateEstimator {
     cfg: RateConfig,
-    state: RwLock<State>,
-}
-
-#[derive(Debug)]
-struct State {
-    /// Fit over every instance's observations, anchored on the configured values.
-    pool: Fit,
-    /// Per-instance fits, anchored on the pool's.
-    instances: Vec<Fit>,
-    /// Next instance whose fit is re-anchored on the moving pool estimate (one per observation,
-    /// so instances without traffic follow the pool at a bounded cost per observation).
-    cursor: usize,
+    state: RwLock<Fits>,
 }
 
 /// Scale of the decoding feature, so both features have similar magnitudes (thousands of tokens
@@ -177,18 +176,14 @@ const DECODE_SCALE: f64 = 8.0;
 
 /// A read-locked view of a [`RateEstimator`]'s estimates.
 pub struct RatesView<'a> {
-    state: parking_lot::RwLockReadGuard<'a, State>,
+    state: parking_lot::RwLockReadGuard<'a, Fits>,
     cfg: &'a RateConfig,
 }
 
 impl RatesView<'_> {
     /// Current estimate of `instance` (the pool's for unknown instances).
     pub fn rates(&self, instance: InstanceId) -> InstanceRates {
-        let fit = self
-            .state
-            .instances
-            .get(instance.index())
-            .unwrap_or(&self.state.pool);
+        let fit = self.state.get(instance.index());
         self.cfg.rates_of(fit)
     }
 }
@@ -199,11 +194,7 @@ impl RateEstimator {
         let pool = cfg.initial_fit();
         let n = instances.min(crate::index::MAX_INSTANCES);
         Self {
-            state: RwLock::new(State {
-                pool,
-                instances: vec![Fit::anchored_on(&pool); n],
-                cursor: 0,
-            }),
+            state: RwLock::new(Fits::new(pool, n)),
             cfg,
         }
     }
@@ -230,8 +221,7 @@ impl RateEstimator {
 
     /// Current estimate of `instance`'s fixed overhead per request, ms.
     pub fn overhead_ms(&self, instance: InstanceId) -> f64 {
-        let st = self.state.read();
-        st.instances.get(instance.index()).unwrap_or(&st.pool).theta[0]
+        self.state.read().get(instance.index()).theta[0]
     }
 
     /// Every instance's estimate, by id.
@@ -243,21 +233,13 @@ impl RateEstimator {
     /// Grows the fleet to at least `instances` (new ones start at the pool's estimate).
     pub fn ensure_len(&self, instances: usize) {
         let n = instances.min(crate::index::MAX_INSTANCES);
-        let mut st = self.state.write();
-        if st.instances.len() < n {
-            let init = Fit::anchored_on(&st.pool);
-            st.instances.resize(n, init);
-        }
+        self.state.write().ensure_len(n);
     }
 
     /// Forgets what was learned about `instance` (e.g. it restarted on different hardware): it
     /// starts again from the pool's estimate.
     pub fn reset(&self, instance: InstanceId) {
-        let mut st = self.state.write();
-        let init = Fit::anchored_on(&st.pool);
-        if let Some(r) = st.instances.get_mut(instance.index()) {
-            *r = init;
-        }
+        self.state.write().reset(instance.index());
     }
 
     /// Learns from one request: it had `uncached_tokens` to prefill, `queued_prefill_tokens_ahead`
@@ -287,29 +269,12 @@ impl RateEstimator {
         };
         let x = [1.0, work as f64 / 1000.0, x2];
         let ttft_ms = y;
-        let pool_weight = clamp(cfg.pool_weight, 0.0, 1e6);
-        let mut guard = self.state.write();
-        let st = &mut *guard;
-        let idx = instance.index();
-        if idx >= st.instances.len() {
-            return cfg.initial();
+        let learning = cfg.learning();
+        let mut fits = self.state.write();
+        match fits.learn(instance.index(), &learning, x, ttft_ms) {
+            Some(f) => cfg.rates_of(f),
+            None => cfg.initial(),
         }
-        let shape = cfg.shape();
-        st.pool
-            .accumulate(cfg.forgetting, cfg.outlier_clip, x, ttft_ms);
-        st.pool.solve(&shape, cfg.configured_theta(), 0.0);
-        let anchor = st.pool.theta;
-        let f = &mut st.instances[idx];
-        f.accumulate(cfg.forgetting, cfg.outlier_clip, x, ttft_ms);
-        f.solve(&shape, anchor, pool_weight);
-        let out = cfg.rates_of(f);
-        let n = st.instances.len();
-        st.cursor = (st.cursor + 1) % n;
-        let c = st.cursor;
-        if c != idx {
-            st.instances[c].solve(&shape, anchor, pool_weight);
-        }
-        out
     }
 }
 
