@@ -72,6 +72,8 @@ struct InstanceView<'a> {
     engine: Option<kvgate_core::load::EngineLoad>,
     capacity_blocks: Option<u64>,
     rates: kvgate_core::load::InstanceRates,
+    /// Learned decode step model (time per output token by batch).
+    decode_rates: kvgate_core::load::DecodeRates,
     /// Learned fixed overhead before a first token, ms.
     overhead_ms: f64,
 }
@@ -101,6 +103,7 @@ pub async fn instances(State(s): State<AppState>) -> Response {
                 engine: i.engine.get(now, stale_after),
                 capacity_blocks: i.capacity(),
                 rates: s.routing.rates(i.id),
+                decode_rates: s.routing.decode_rates(i.id),
                 overhead_ms: s.routing.overhead_ms(i.id),
             }
         })

@@ -19,10 +19,7 @@ async fn start_fleet() -> kvgate_sim::Fleet {
         .expect("simulated fleet")
 }
 
-#[tokio::test]
-async fn repeated_prefix_lands_on_the_instance_that_caches_it() {
-    let fleet = start_fleet().await;
-    let infos = fleet.instances();
+fn fleet_config(infos: &[kvgate_sim::SimInstanceInfo]) -> kvgate::config::Config {
     let mut cfg = config_for(&[]);
     cfg.pools = vec![PoolConfig {
         model: infos[0].model.clone(),
@@ -42,6 +39,14 @@ async fn repeated_prefix_lands_on_the_instance_that_caches_it() {
             })
             .collect(),
     }];
+    cfg
+}
+
+#[tokio::test]
+async fn repeated_prefix_lands_on_the_instance_that_caches_it() {
+    let fleet = start_fleet().await;
+    let infos = fleet.instances();
+    let mut cfg = fleet_config(&infos);
     // Sequential requests: router-tracked load says everything is idle. Scraped engine load lags
     // (a scrape during request 1 still shows it queued until the next scrape), so leave it out to
     // test cache affinity alone.
@@ -111,6 +116,51 @@ async fn repeated_prefix_lands_on_the_instance_that_caches_it() {
         .await
         .unwrap();
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    drop(gw);
+    fleet.shutdown().await;
+}
+
+#[tokio::test]
+async fn streams_teach_each_instance_its_decode_speed() {
+    let fleet = start_fleet().await;
+    let infos = fleet.instances();
+    let gw = Gateway::start(fleet_config(&infos)).await;
+    let before: serde_json::Value =
+        serde_json::from_str(&gw.get_text("/admin/instances").await).expect("instances json");
+    for n in 0..12 {
+        let body = serde_json::json!({
+            "model": infos[0].model, "stream": true, "max_tokens": 24,
+            "messages": [{"role": "user", "content": format!("count to twenty-four, take {n}")}],
+        });
+        let text = client()
+            .post(gw.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .expect("stream")
+            .text()
+            .await
+            .expect("stream body");
+        assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    }
+    // The simulated engines run 20× faster than a real H100-class one (a decode step of well
+    // under a millisecond of wall time), far from the configured 10 ms starting point.
+    let start = before["instances"][0]["decode_rates"]["step_ms"]
+        .as_f64()
+        .expect("step_ms");
+    let after: serde_json::Value =
+        serde_json::from_str(&gw.get_text("/admin/instances").await).expect("instances json");
+    let steps: Vec<f64> = after["instances"]
+        .as_array()
+        .expect("instances")
+        .iter()
+        .filter_map(|i| i["decode_rates"]["step_ms"].as_f64())
+        .collect();
+    assert_eq!(steps.len(), infos.len(), "{after}");
+    assert!(
+        steps.iter().all(|&s| s < start / 2.0),
+        "decode steps not learned: {start} -> {steps:?}"
+    );
     drop(gw);
     fleet.shutdown().await;
 }
