@@ -241,11 +241,6 @@ impl Routing {
         self.router.decode_rates().rates(id)
     }
 
-    /// Learned mean output tokens of a pool.
-    pub fn mean_output_tokens(&self, pool: usize) -> f64 {
-        self.router.outputs().mean(pool)
-    }
-
     /// Learned fixed overhead before an instance's first token, ms.
     pub fn overhead_ms(&self, id: InstanceId) -> f64 {
         self.router.rates().overhead_ms(id)

@@ -314,17 +314,18 @@ struct Events {
 }
 
 /// The scanner's position.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Scan {
     /// Matched this many bytes of `\ndata:`.
-    #[default]
-    Line0,
     Mark(u8),
     /// After `data:`: whether its optional space was skipped, and how much of `[DONE]` matched.
-    Payload {
-        spaced: bool,
-        done: u8,
-    },
+    Payload { spaced: bool, done: u8 },
+}
+
+impl Default for Scan {
+    fn default() -> Self {
+        Scan::Mark(0)
+    }
 }
 
 impl Events {
@@ -338,11 +339,8 @@ impl Events {
         }
         for &b in bytes {
             self.at = match self.at {
-                Scan::Line0 | Scan::Mark(_) => {
-                    let matched = match self.at {
-                        Scan::Mark(m) => usize::from(m),
-                        _ => 0,
-                    };
+                Scan::Mark(m) => {
+                    let matched = usize::from(m);
                     if b == Self::MARK[matched] {
                         if matched + 1 == Self::MARK.len() {
                             Scan::Payload {
@@ -361,7 +359,7 @@ impl Events {
                         Scan::Payload { spaced: true, done }
                     } else if b == Self::DONE[usize::from(done)] {
                         if usize::from(done) + 1 == Self::DONE.len() {
-                            Scan::Line0
+                            Scan::Mark(0)
                         } else {
                             Scan::Payload {
                                 spaced,
@@ -382,7 +380,7 @@ impl Events {
         if b == b'\n' {
             Scan::Mark(1)
         } else {
-            Scan::Line0
+            Scan::Mark(0)
         }
     }
 

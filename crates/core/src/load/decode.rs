@@ -227,11 +227,6 @@ impl DecodeEstimator {
         }
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &DecodeRateConfig {
-        &self.cfg
-    }
-
     /// Current estimate of `instance` (the pool's for unknown instances).
     pub fn rates(&self, instance: InstanceId) -> DecodeRates {
         rates_of(&self.state.read().get(instance.index()).theta)
@@ -243,23 +238,6 @@ impl DecodeEstimator {
         DecodeView {
             state: self.state.read(),
         }
-    }
-
-    /// Every instance's estimate, by id, under one lock acquisition.
-    pub fn snapshot(&self) -> Vec<DecodeRates> {
-        let st = self.state.read();
-        st.instances.iter().map(|f| rates_of(&f.theta)).collect()
-    }
-
-    /// Grows the fleet to at least `instances` (new ones start at the pool's estimate).
-    pub fn ensure_len(&self, instances: usize) {
-        let n = instances.min(crate::index::MAX_INSTANCES);
-        self.state.write().ensure_len(n);
-    }
-
-    /// Forgets what was learned about `instance`.
-    pub fn reset(&self, instance: InstanceId) {
-        self.state.write().reset(instance.index());
     }
 
     /// Learns from one finished stream on `instance`. Returns the updated estimate.
@@ -427,7 +405,6 @@ mod tests {
         // Unknown instances read the pool's estimate and learn nothing.
         let fresh = DecodeEstimator::new(cfg.clone(), 1);
         assert_eq!(fresh.rates(InstanceId(5)), cfg.initial());
-        est.reset(InstanceId(0));
         assert!(cfg.validate().is_ok());
         let bad = DecodeRateConfig {
             forgetting: 0.2,
