@@ -26,6 +26,8 @@ pub const UPSTREAM_ERRORS: &str = "kvgate_upstream_errors_total";
 pub const IN_FLIGHT: &str = "kvgate_in_flight_requests";
 /// Retries on another instance, by pool and cause.
 pub const RETRIES: &str = "kvgate_retries_total";
+/// Counter: predictions taken back after their attempt failed.
+pub const RETRACTIONS: &str = "kvgate_prediction_retractions_total";
 /// Requests rejected by the gateway itself, by error code.
 pub const REJECTED: &str = "kvgate_rejected_requests_total";
 /// Instance health (1 usable, 0 unhealthy or ejected).
@@ -94,6 +96,10 @@ fn build() -> Result<PrometheusHandle, String> {
         "Requests dispatched to each instance and not finished, as of the scrape."
     );
     describe_counter!(RETRIES, "Retries on another instance, by pool and cause.");
+    describe_counter!(
+        RETRACTIONS,
+        "Routing predictions taken back (locally and through gossip) because their attempt failed."
+    );
     describe_counter!(REJECTED, "Requests rejected by the gateway, by error code.");
     describe_gauge!(
         INSTANCE_HEALTHY,
@@ -222,6 +228,11 @@ pub fn record_upstream_error(instance: &str, cause: &'static str) {
 /// A retry on another instance.
 pub fn record_retry(pool: &str, cause: &'static str) {
     counter!(RETRIES, "pool" => pool.to_string(), "cause" => cause).increment(1);
+}
+
+/// A prediction was taken back.
+pub fn record_retraction() {
+    counter!(RETRACTIONS).increment(1);
 }
 
 /// Current health of an instance.

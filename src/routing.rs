@@ -55,6 +55,8 @@ pub struct Routed {
     pub chosen: InstanceId,
     /// Leading prompt blocks it holds.
     pub matched_blocks: u32,
+    /// Leading blocks the index placed there before this decision (what a retraction keeps).
+    pub known_blocks: u32,
     /// The policy's predicted time to first token there, in ms.
     pub predicted_cost_ms: f64,
     /// The dispatched request's share of the chosen instance's load (release by dropping).
@@ -392,6 +394,7 @@ impl Routing {
         let routed = Routed {
             chosen: decision.chosen,
             matched_blocks: decision.matched_blocks,
+            known_blocks: routed.known_blocks,
             predicted_cost_ms: decision.predicted_cost_ms,
             guard: routed.guard,
             learning,
@@ -408,6 +411,20 @@ impl Routing {
             self.log.push(now, rec);
         }
         Ok(routed)
+    }
+
+    /// Takes back what `routed` predicted and shared for `prep`: its attempt failed before the
+    /// instance saw the request (connect error, 502/503), so the prompt will not be cached there.
+    pub fn retract(&self, prep: &Prepared, routed: &Routed) {
+        let gossip = self.gossip.get().map(GossipPeers);
+        self.router.retract(
+            routed.chosen,
+            routed.known_blocks,
+            &prep.hashes,
+            gossip.as_ref().map(|g| g as &dyn Peers),
+            self.clock.now_ms(),
+        );
+        metrics::record_retraction();
     }
 
     /// A well-mixed seed for one decision. Each thread counts on its own, its counter starting
@@ -539,6 +556,9 @@ impl Peers for GossipPeers<'_> {
     }
     fn record(&self, chosen: InstanceId, hashes: &[BlockHash], known: usize, now: Millis) {
         self.0.record_decision(chosen, hashes, known, now);
+    }
+    fn retract(&self, chosen: InstanceId, hashes: &[BlockHash], known: usize, now: Millis) {
+        self.0.retract_decision(chosen, hashes, known, now);
     }
 }
 

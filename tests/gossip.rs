@@ -201,3 +201,79 @@ async fn one_replicas_dead_instance_verdict_steers_the_others() {
     }
     assert!(reached, "B never routed to the recovered instance");
 }
+
+/// Leading blocks of `prompt` (a completion) that `g`'s index places on instance `id`, after
+/// bringing in peers' checkpoints as routing does.
+fn held(g: &Gateway, prompt: &str, id: InstanceId) -> u32 {
+    use kvgate::proxy::parse::{parse, Endpoint};
+    let body = serde_json::to_vec(&serde_json::json!({ "model": "m", "prompt": prompt })).unwrap();
+    let input = parse(Endpoint::Completions, &body).expect("parses");
+    let pool = &g.state.fleet.pools()[0];
+    let prep = g.state.routing.prepare(pool, &input).expect("hashes");
+    let now = g.state.clock.now_ms();
+    if let Some(gossip) = g.state.routing.gossip() {
+        gossip.materialize(&prep.hashes, now);
+    }
+    let mut m = kvgate_core::index::PrefixMatches::default();
+    g.state
+        .routing
+        .index()
+        .match_prefix(&prep.hashes, now, &mut m);
+    m.get(id).total()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_attempt_is_taken_back_here_and_on_peers() {
+    let (engines, urls) = three_engines().await;
+    // Two engines refuse every request with 503; the third serves.
+    engines[0].set_mode(Mode::Status(503));
+    engines[1].set_mode(Mode::Status(503));
+    let a = Gateway::start(with_gossip(&urls, vec![])).await;
+    let ga = gossip_of(&a).await;
+    let b = Gateway::start(with_gossip(&urls, vec![ga.local_addr().to_string()])).await;
+    let gb = gossip_of(&b).await;
+    assert!(eventually(10, || ga.live_peers() == 1 && gb.live_peers() == 1).await);
+    let id_of = |g: &Gateway, name: &str| {
+        g.state
+            .fleet
+            .instances()
+            .iter()
+            .find(|i| i.name == name)
+            .map(|i| i.id)
+            .expect("instance")
+    };
+
+    // Distinct prompts until one was first sent to a refusing engine (retried on the third).
+    let mut refused = None;
+    for i in 0..20 {
+        let prompt = format!(
+            "refused {i}: {}",
+            "a prefix long enough for blocks. ".repeat(40)
+        );
+        let (chosen, _) = complete(&a, &prompt).await;
+        assert_eq!(chosen, "i2", "only i2 answers");
+        if engines[0].count() + engines[1].count() > 0 {
+            refused = Some(prompt);
+            break;
+        }
+    }
+    let prompt = refused.expect("no request was first routed to a refusing engine");
+    let bad = if engines[0].count() > 0 { "i0" } else { "i1" };
+
+    // Here: the prediction on the refusing engine is gone, the served one stays.
+    assert_eq!(
+        held(&a, &prompt, id_of(&a, bad)),
+        0,
+        "A still predicts {bad}"
+    );
+    assert!(held(&a, &prompt, id_of(&a, "i2")) > 0);
+    // On the peer: once the decision that followed the retraction arrived, the retraction has
+    // been applied too (both travel in A's delta stream, in order).
+    let ok = eventually(10, || held(&b, &prompt, id_of(&b, "i2")) > 0).await;
+    assert!(ok, "B never learned A's decision");
+    assert_eq!(
+        held(&b, &prompt, id_of(&b, bad)),
+        0,
+        "B still predicts {bad}"
+    );
+}

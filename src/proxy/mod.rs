@@ -7,6 +7,9 @@
 //! - A request is retried on another instance only after a connect failure or a 502/503 answer —
 //!   both before anything was sent to the client — and at most `upstream.max_attempts` times in all.
 //!   Once response headers are relayed there is no retry.
+//! - An attempt that failed that way takes its routing prediction back (locally and through
+//!   gossip), since the instance never computed the prompt; a timeout or a broken answer does not
+//!   (the instance may have).
 //! - Errors become responses only through [`GatewayError`]'s single mapping.
 
 pub mod body;
@@ -258,6 +261,8 @@ async fn forward(
                 let status = resp.status;
                 if status == StatusCode::BAD_GATEWAY || status == StatusCode::SERVICE_UNAVAILABLE {
                     metrics::record_upstream_error(&inst.name, "status_5xx");
+                    // Refused, not served: the prompt will not be cached there.
+                    state.routing.retract(&prep, &routed);
                     tried.push(id);
                     if tried.len() < max_attempts && has_candidate(state, pool, &tried) {
                         metrics::record_retry(&pool.model, "status");
@@ -269,6 +274,7 @@ async fn forward(
             }
             Err(SendError::Connect(msg)) => {
                 metrics::record_upstream_error(&inst.name, "connect");
+                state.routing.retract(&prep, &routed);
                 let h = &cfg.health;
                 if inst.health.record_connect_failure(
                     state.clock.now_ms(),

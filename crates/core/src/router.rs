@@ -50,6 +50,9 @@ pub trait Peers {
     fn load(&self, instance: InstanceId) -> RouterLoad;
     /// Shares a decision: `chosen` now holds `hashes`, of which `known_blocks` it already held.
     fn record(&self, chosen: InstanceId, hashes: &[BlockHash], known_blocks: usize, now: Millis);
+    /// Takes a shared decision back: the request never reached `chosen`, so the blocks past
+    /// `known_blocks` will not be there.
+    fn retract(&self, chosen: InstanceId, hashes: &[BlockHash], known_blocks: usize, now: Millis);
 }
 
 /// A usable instance offered to a decision.
@@ -88,6 +91,9 @@ pub struct Routed {
     pub at_dispatch: RouterLoad,
     /// The longest leading run any candidate held.
     pub best_blocks: u32,
+    /// Leading blocks the index already placed on the chosen instance before this decision
+    /// (live entries of any source): what a retraction leaves in place.
+    pub known_blocks: u32,
 }
 
 impl Routed {
@@ -218,6 +224,7 @@ impl Router {
         }
         let decision = policy.decide(req, &scratch.candidates)?;
         policy.on_routed(req, decision.chosen);
+        let known = scratch.matches.get(decision.chosen).total();
         if self.cfg.predict && !req.hashes.is_empty() {
             self.index.predict(
                 decision.chosen,
@@ -227,8 +234,7 @@ impl Router {
                 now,
             );
             if let Some(p) = peers {
-                let known = scratch.matches.get(decision.chosen).total() as usize;
-                p.record(decision.chosen, req.hashes, known, now);
+                p.record(decision.chosen, req.hashes, known as usize, now);
             }
         }
         let at_dispatch = scratch
@@ -250,7 +256,35 @@ impl Router {
             guard,
             at_dispatch,
             best_blocks: scratch.matches.best(),
+            known_blocks: known,
         })
+    }
+
+    /// Takes back the prediction a decision made (and shared) for `hashes`: its attempt failed
+    /// before the instance could compute them (connect error, 502/503), so they will not be
+    /// cached there. Blocks the index already placed there before the decision stay; so do
+    /// engine-reported ones. Without it the prediction would attract the prompt's next requests
+    /// for its whole TTL, and peers would believe it too.
+    /// `chosen` and `known_blocks` are the decision's ([`Routed::known_blocks`]).
+    pub fn retract(
+        &self,
+        chosen: InstanceId,
+        known_blocks: u32,
+        hashes: &[BlockHash],
+        peers: Option<&dyn Peers>,
+        now: Millis,
+    ) {
+        if !self.cfg.predict {
+            return;
+        }
+        let known = (known_blocks as usize).min(hashes.len());
+        if known == hashes.len() {
+            return;
+        }
+        self.index.retract(chosen, &hashes[known..], Source::Local);
+        if let Some(p) = peers {
+            p.retract(chosen, hashes, known, now);
+        }
     }
 
     /// The decode batch on `instance` now, fleet-wide (this router's sequences and peers').
@@ -380,6 +414,7 @@ mod tests {
     struct Recorder {
         materialized: Mutex<usize>,
         recorded: Mutex<Vec<(InstanceId, usize, usize)>>,
+        retracted: Mutex<Vec<(InstanceId, usize, usize)>>,
     }
 
     impl Peers for Recorder {
@@ -398,6 +433,57 @@ mod tests {
         fn record(&self, chosen: InstanceId, hashes: &[BlockHash], known: usize, _: Millis) {
             self.recorded.lock().push((chosen, hashes.len(), known));
         }
+        fn retract(&self, chosen: InstanceId, hashes: &[BlockHash], known: usize, _: Millis) {
+            self.retracted.lock().push((chosen, hashes.len(), known));
+        }
+    }
+
+    /// Blocks of `hashes` the index places on `id`, leading run.
+    fn held(r: &Router, hashes: &[u64], id: InstanceId) -> u32 {
+        let mut m = PrefixMatches::default();
+        r.index().match_prefix(hashes, 1_000, &mut m);
+        m.get(id).total()
+    }
+
+    #[test]
+    fn a_failed_attempt_takes_its_prediction_back_and_keeps_what_was_known() {
+        let r = router(3);
+        let policy = build_policy(&PolicyConfig::default());
+        let peers = Recorder::default();
+        let mut scratch = Scratch::default();
+        let shared: Vec<u64> = (0..4).collect();
+        let first = r
+            .route(
+                &*policy,
+                &request(&shared, 1),
+                offers(3),
+                None,
+                &mut scratch,
+            )
+            .expect("routed");
+        let chosen = first.decision.chosen;
+        drop(first);
+        // A longer prompt on the same prefix goes where the prefix is, then fails there.
+        let longer: Vec<u64> = (0..10).collect();
+        let second = r
+            .route(
+                &*policy,
+                &request(&longer, 2),
+                offers(3),
+                Some(&peers),
+                &mut scratch,
+            )
+            .expect("routed");
+        assert_eq!(second.decision.chosen, chosen);
+        assert_eq!(second.known_blocks, 4);
+        assert_eq!(held(&r, &longer, chosen), 10);
+        r.retract(chosen, second.known_blocks, &longer, Some(&peers), 1_000);
+        assert_eq!(held(&r, &longer, chosen), 4, "the earlier prefix stays");
+        assert_eq!(peers.retracted.lock()[0], (chosen, 10, 4));
+        // Engine-reported blocks are never taken back.
+        r.index().store(chosen, &longer, crate::Tier::Gpu, 1_000);
+        r.retract(chosen, second.known_blocks, &longer, None, 1_000);
+        assert_eq!(held(&r, &longer, chosen), 10);
     }
 
     #[test]

@@ -114,6 +114,19 @@ impl Checkpoints {
         }
     }
 
+    /// Forgets that `instance` holds the checkpoints `hashes` (a retracted decision's).
+    pub fn retract(&self, instance: InstanceId, hashes: &[BlockHash]) {
+        for &h in hashes {
+            let mut s = self.shard(h).lock();
+            if let Some(v) = s.get_mut(&h) {
+                v.retain(|(i, _)| *i != instance);
+                if v.is_empty() {
+                    s.remove(&h);
+                }
+            }
+        }
+    }
+
     /// Turns the checkpoints found in `prompt` into `Source::Peer` predictions of the prefix up
     /// to the deepest checkpoint per instance; returns how many instances gained a prefix.
     pub fn materialize(
@@ -199,6 +212,7 @@ mod tests {
                 .map(|mut v| v.push((i, h.len(), ttl)))
                 .unwrap_or(());
         }
+        fn retract_peer(&self, _: InstanceId, _: &[BlockHash]) {}
         fn clear_peer(&self, _: InstanceId) {}
         fn for_each_local(&self, _: Millis, _: &mut dyn FnMut(InstanceId, BlockHash, Millis)) {}
     }

@@ -65,9 +65,13 @@ pub(crate) async fn flush_decisions(inner: &Inner) {
     for d in &items {
         let age = now.saturating_sub(d.at);
         let ttl = inner.cfg.prediction_ttl_ms.saturating_sub(age);
-        if ttl == 0 {
-            continue;
-        }
+        let ttl = match (d.retract, ttl) {
+            // A retraction travels as TTL 0, whatever its age.
+            (true, _) => 0,
+            // Expired before it could be sent.
+            (false, 0) => continue,
+            (false, ttl) => ttl,
+        };
         let mut rest = &d.hashes[..];
         while !rest.is_empty() {
             let n = b.push(d.key, d.wall, ttl, rest);

@@ -212,6 +212,30 @@ impl Gossip {
         known: usize,
         now: Millis,
     ) {
+        self.queue(instance, hashes, known, now, false);
+    }
+
+    /// Takes back a decision shared by [`Gossip::record_decision`] with the same arguments: its
+    /// request never reached `instance`. Peers drop their predictions (and checkpoints) of the
+    /// blocks past `known` there. Sent in the same delta stream, so it follows the decision.
+    pub fn retract_decision(
+        &self,
+        instance: InstanceId,
+        hashes: &[BlockHash],
+        known: usize,
+        now: Millis,
+    ) {
+        self.queue(instance, hashes, known, now, true);
+    }
+
+    fn queue(
+        &self,
+        instance: InstanceId,
+        hashes: &[BlockHash],
+        known: usize,
+        now: Millis,
+        retract: bool,
+    ) {
         let known = known.min(hashes.len());
         if known == hashes.len() {
             return;
@@ -236,6 +260,7 @@ impl Gossip {
             at: now,
             wall: crate::node::wall_ms(),
             hashes: selected,
+            retract,
         };
         let mut p = self.inner.pending.lock();
         let mut dropped = 0u64;

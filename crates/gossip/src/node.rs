@@ -55,6 +55,8 @@ pub(crate) struct PendingDecision {
     pub at: Millis,
     pub wall: u64,
     pub hashes: Vec<BlockHash>,
+    /// A decision taken back (sent with a TTL of 0), not made.
+    pub retract: bool,
 }
 
 /// Decisions waiting for the next flush, bounded by total hashes.
@@ -265,7 +267,9 @@ impl Inner {
     /// Applies predictions received from `from`: full hash lists (`stride` 1) go to the index,
     /// checkpoints to the checkpoint store. Entries without a decision time (snapshots) give no
     /// lag sample.
-    pub fn apply_entries(&self, from: u64, entries: &[Entry], stride: u64) {
+    /// `retractions`: whether an entry with a TTL of 0 takes a decision back (deltas) rather
+    /// than being merely expired (snapshots).
+    pub fn apply_entries(&self, from: u64, entries: &[Entry], stride: u64, retractions: bool) {
         if stride > 1 && stride != self.cfg.checkpoint_stride as u64 {
             // Still usable (each decision's last block is a checkpoint), but misconfigured.
             self.count_reject("stride_mismatch");
@@ -278,6 +282,12 @@ impl Inner {
                 self.count_reject("unknown_instance");
                 continue;
             };
+            if e.ttl_ms == 0 && retractions {
+                // Materialized predictions and checkpoints alike.
+                self.checkpoints.retract(id, &e.hashes);
+                self.store.retract_peer(id, &e.hashes);
+                continue;
+            }
             let ttl = e.ttl_ms.min(self.cfg.prediction_ttl_ms);
             if ttl == 0 || e.hashes.is_empty() {
                 continue;

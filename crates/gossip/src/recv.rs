@@ -86,7 +86,7 @@ async fn dispatch(
                 stride,
                 entries,
             } = payload::decode_delta(p)?;
-            inner.apply_entries(h.sender, &entries, stride);
+            inner.apply_entries(h.sender, &entries, stride, true);
             if let Some((from, to)) = inner.track_seq(h.sender, seq) {
                 if to - from < MAX_RESEND_SPAN {
                     let mut buf = Vec::new();
@@ -109,7 +109,7 @@ async fn dispatch(
         }
         Kind::SnapshotChunk => {
             let (ch, entries) = payload::decode_chunk(p)?;
-            inner.apply_entries(h.sender, &entries, 1);
+            inner.apply_entries(h.sender, &entries, 1, false);
             let now = inner.now();
             let mut peers = inner.peers.lock();
             if let Some(peer) = peers.get_mut(&h.sender) {

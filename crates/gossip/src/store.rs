@@ -12,6 +12,8 @@ use kvgate_core::{BlockHash, InstanceId, Millis, Source};
 pub trait PlacementStore: Send + Sync + 'static {
     /// A peer predicted that `instance` holds `hashes` for `ttl_ms` from `now`.
     fn predict_peer(&self, instance: InstanceId, hashes: &[BlockHash], ttl_ms: u64, now: Millis);
+    /// Takes back peer-sourced predictions that `instance` holds `hashes`.
+    fn retract_peer(&self, instance: InstanceId, hashes: &[BlockHash]);
     /// Drops every peer-sourced entry of `instance`.
     fn clear_peer(&self, instance: InstanceId);
     /// Visits this replica's own live predictions as (instance, hash, expires_at).
@@ -21,6 +23,9 @@ pub trait PlacementStore: Send + Sync + 'static {
 impl PlacementStore for PlacementIndex {
     fn predict_peer(&self, instance: InstanceId, hashes: &[BlockHash], ttl_ms: u64, now: Millis) {
         self.predict(instance, hashes, Source::Peer, ttl_ms, now);
+    }
+    fn retract_peer(&self, instance: InstanceId, hashes: &[BlockHash]) {
+        self.retract(instance, hashes, Source::Peer);
     }
     fn clear_peer(&self, instance: InstanceId) {
         self.clear_instance(instance, &[Source::Peer]);

@@ -275,6 +275,37 @@ impl PlacementIndex {
         }
     }
 
+    /// Takes back predictions from `source` that `instance` holds `hashes`: the request they were
+    /// made for never reached it (its attempt failed). Event-sourced entries, and predictions from
+    /// the other source, stay.
+    pub fn retract(&self, instance: InstanceId, hashes: &[BlockHash], source: Source) {
+        if source == Source::Event {
+            return;
+        }
+        let slot = self.slots.get(instance.0);
+        for &h in hashes {
+            let mut shard = self.shard(h).write();
+            let shard = &mut *shard;
+            let Some(holders) = shard.map.get_mut(&h) else {
+                continue;
+            };
+            let before = holders.heap_bytes();
+            let mut gone = None;
+            let keep = holders.retain(
+                |e| e.instance == instance.0 && e.source == source,
+                &mut |e| gone = Some(e.source),
+            );
+            let after = if keep { holders.heap_bytes() } else { 0 };
+            shard.spill_bytes = shard.spill_bytes + after - before;
+            if !keep {
+                shard.map.remove(&h);
+            }
+            if let Some(src) = gone {
+                self.on_removed(slot, src);
+            }
+        }
+    }
+
     /// A routing decision (own or a peer's): `instance` will hold `hashes` soon.
     /// Expires at `now + ttl_ms` unless confirmed by an event or predicted again.
     ///

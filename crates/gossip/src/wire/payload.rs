@@ -11,6 +11,10 @@
 //! snapshot_req   = request_id:u64
 //! resend_req     = from:varint to:varint
 //! ```
+//! In a delta, an entry with `ttl_ms` 0 takes a decision back (its request never reached the
+//! instance): receivers drop their predictions and checkpoints of those hashes there. Receivers
+//! that predate retractions ignore it, as they ignore any expired entry.
+//!
 //! Block hashes are XXH3 outputs, uniformly random, so they are sent as raw 8 bytes: no encoding
 //! shrinks them. Everything else is a varint.
 //!
