@@ -9,8 +9,12 @@
 //! - Connect failures are reported as [`SendError::Connect`] and nothing else is: only they (and
 //!   502/503 answers) make a request safe to retry elsewhere, since the instance never saw it.
 //! - A parked connection that turns out to be closed when reused (no byte of a response read) is
-//!   replaced by a fresh one to the same instance, at most [`MAX_STALE`] times per request: a
-//!   server closing an idle keep-alive connection does not read what arrives on it.
+//!   replaced by a fresh one to the same instance, at most [`MAX_STALE`] times per request, when
+//!   the close came before the whole request was written (the server cannot have acted on it), or
+//!   after it when requests are configured idempotent (`upstream.idempotent_requests`): a server
+//!   that closed an idle connection while the request was in flight may or may not have read it.
+//!   The pool's idle timeout sits below engines' keep-alive (uvicorn's 5 s in vLLM and SGLang) so
+//!   that such closes are rare.
 //! - Every wait is bounded by a configured timeout; bodies read into memory have a size cap;
 //!   response heads are bounded (see [`wire`]).
 //! - Each thread has its own pool of idle connections per client (see [`pool`]).
@@ -74,8 +78,12 @@ impl SendError {
 /// How an exchange on one connection failed.
 enum Failed {
     /// Nothing of a response arrived and the connection was closed or reset: on a reused
-    /// connection, the server had closed it while it was parked.
-    Closed(std::io::Error),
+    /// connection, the server had closed it while it was parked. `written`: the whole request
+    /// had been written first.
+    Closed {
+        written: bool,
+        error: std::io::Error,
+    },
     /// Anything else.
     Other(SendError),
 }
@@ -130,6 +138,8 @@ struct Settings {
     connect_timeout: Duration,
     max_idle_per_host: usize,
     idle_timeout: Duration,
+    /// Whether a request fully written on a connection that then closed unanswered is sent again.
+    resend_written: bool,
 }
 
 static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
@@ -143,6 +153,7 @@ impl HttpClient {
                 connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
                 max_idle_per_host: cfg.pool_max_idle_per_host,
                 idle_timeout: Duration::from_millis(cfg.pool_idle_timeout_ms),
+                resend_written: cfg.idempotent_requests,
             }),
         }
     }
@@ -185,8 +196,12 @@ impl HttpClient {
                 };
                 match exchange(conn, &head, rest, out.method).await {
                     Ok(resp) => return Ok(resp),
-                    Err(Failed::Closed(_)) if reused => stale += 1,
-                    Err(Failed::Closed(e)) => {
+                    Err(Failed::Closed { written, .. })
+                        if reused && (!written || self.settings.resend_written) =>
+                    {
+                        stale += 1
+                    }
+                    Err(Failed::Closed { error: e, .. }) => {
                         return Err(SendError::Protocol(format!(
                             "connection closed before a response: {e}"
                         )))
@@ -284,7 +299,10 @@ async fn exchange(
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::BrokenPipe
             | std::io::ErrorKind::ConnectionReset
-            | std::io::ErrorKind::ConnectionAborted => Failed::Closed(e),
+            | std::io::ErrorKind::ConnectionAborted => Failed::Closed {
+                written: false,
+                error: e,
+            },
             _ => Failed::Other(SendError::Protocol(format!("writing the request: {e}"))),
         })?;
     let mut received = false;
@@ -314,7 +332,10 @@ async fn exchange(
         }
         match conn.stream.read_buf(&mut conn.buf).await {
             Ok(0) if !received && conn.buf.is_empty() => {
-                return Err(Failed::Closed(std::io::ErrorKind::UnexpectedEof.into()))
+                return Err(Failed::Closed {
+                    written: true,
+                    error: std::io::ErrorKind::UnexpectedEof.into(),
+                })
             }
             Ok(0) => {
                 return Err(Failed::Other(SendError::Protocol(
@@ -323,7 +344,10 @@ async fn exchange(
             }
             Ok(_) => received = true,
             Err(e) if !received && e.kind() == std::io::ErrorKind::ConnectionReset => {
-                return Err(Failed::Closed(e))
+                return Err(Failed::Closed {
+                    written: true,
+                    error: e,
+                })
             }
             Err(e) => {
                 return Err(Failed::Other(SendError::Protocol(format!(
@@ -456,18 +480,86 @@ mod tests {
         assert_eq!(conns.load(Ordering::SeqCst), 1);
     }
 
+    /// A server whose every connection answers one request and is then reset (closed with
+    /// linger 0) at once; each reset is reported on the returned channel.
+    async fn resetting_server() -> (String, tokio::sync::mpsc::UnboundedReceiver<()>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let mut s = BufReader::new(s);
+                    let mut len = 0usize;
+                    loop {
+                        let mut line = String::new();
+                        if s.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                            len = v.trim().parse().unwrap();
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    let mut body = vec![0u8; len];
+                    s.read_exact(&mut body).await.unwrap();
+                    let mut s = s.into_inner();
+                    s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        .await
+                        .unwrap();
+                    let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+                    drop(s);
+                    let _ = tx.send(());
+                });
+            }
+        });
+        (addr, rx)
+    }
+
     #[tokio::test]
     async fn a_connection_closed_while_parked_is_replaced() {
-        // Every connection serves one request and drops the next unanswered.
-        let (addr, conns) = server(1, Duration::ZERO).await;
+        // The instance resets every connection after one answer, before the next request: the
+        // parked connection is found closed (or fails the write) and a fresh one serves.
+        let (addr, mut resets) = resetting_server().await;
         let c = client();
         for _ in 0..3 {
             assert_eq!(
                 post(&c, &addr).await.unwrap(),
                 (StatusCode::OK, "ok".into())
             );
+            resets.recv().await.unwrap();
         }
-        assert_eq!(conns.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_request_written_before_the_close_is_sent_again_only_when_idempotent() {
+        // Every connection serves one request, then reads the next whole request and closes
+        // without answering: the instance may have acted on it.
+        let (addr, conns) = server(1, Duration::ZERO).await;
+        let c = client();
+        assert_eq!(
+            post(&c, &addr).await.unwrap(),
+            (StatusCode::OK, "ok".into())
+        );
+        let err = post(&c, &addr).await.unwrap_err();
+        assert!(matches!(err, SendError::Protocol(_)), "{err:?}");
+
+        let (addr, conns_idem) = server(1, Duration::ZERO).await;
+        let idem = HttpClient::new(&UpstreamConfig {
+            idempotent_requests: true,
+            ..UpstreamConfig::default()
+        });
+        for _ in 0..3 {
+            assert_eq!(
+                post(&idem, &addr).await.unwrap(),
+                (StatusCode::OK, "ok".into())
+            );
+        }
+        assert_eq!(conns_idem.load(Ordering::SeqCst), 3);
+        assert_eq!(conns.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]

@@ -15,8 +15,14 @@ pub struct UpstreamConfig {
     pub idle_timeout_ms: u64,
     /// Idle keep-alive connections kept per instance.
     pub pool_max_idle_per_host: usize,
-    /// How long an idle keep-alive connection is kept.
+    /// How long an idle keep-alive connection is kept. Below the engines' own keep-alive
+    /// (uvicorn's 5 s in vLLM and SGLang), so that the engine is not the side that closes it.
     pub pool_idle_timeout_ms: u64,
+    /// Whether proxied requests may be sent twice: when a reused keep-alive connection closes
+    /// after the whole request was written and before any answer, the request is sent again on
+    /// a fresh connection only if this is on (the engine may have started on it). A request the
+    /// connection closed on before it was fully written is always sent again.
+    pub idempotent_requests: bool,
     /// Attempts per request, on distinct instances (1 disables retries). Retries happen only on
     /// connect failures and 502/503 answers, and only before anything reached the client.
     pub max_attempts: u32,
@@ -29,7 +35,8 @@ impl Default for UpstreamConfig {
             first_byte_timeout_ms: 300_000,
             idle_timeout_ms: 120_000,
             pool_max_idle_per_host: 256,
-            pool_idle_timeout_ms: 90_000,
+            pool_idle_timeout_ms: 4_000,
+            idempotent_requests: false,
             max_attempts: 3,
         }
     }
