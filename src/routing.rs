@@ -76,6 +76,18 @@ pub struct Learning {
     pub at_dispatch: RouterLoad,
 }
 
+/// When a decision is taken: the core's time, its tie-breaking seed, and the instant its latency
+/// is measured from.
+#[derive(Clone, Copy, Debug)]
+pub struct Moment {
+    /// Milliseconds on the gateway's clock.
+    pub now: Millis,
+    /// Seed for the policy's tie-breaks.
+    pub seed: u64,
+    /// Start of the decision, for its latency metric.
+    pub started: Instant,
+}
+
 /// A decision as kept in the log: names are resolved only when the log is read.
 struct Logged {
     request_id: http::HeaderValue,
@@ -343,7 +355,27 @@ impl Routing {
         request_id: &http::HeaderValue,
     ) -> Result<Routed, GatewayError> {
         let started = Instant::now();
-        let now = self.clock.ms_at(started);
+        let at = Moment {
+            now: self.clock.ms_at(started),
+            seed: self.next_seed(),
+            started,
+        };
+        self.decide_at(fleet, pool, prep, exclude, request_id, at)
+    }
+
+    /// [`Routing::decide`] at a given moment and tie-breaking seed: the whole decision but for
+    /// reading the clock and drawing the seed, so that it can be replayed in virtual time
+    /// (`loadtest/tests/router_parity.rs` pins it to the offline simulator's router).
+    pub fn decide_at(
+        &self,
+        fleet: &Fleet,
+        pool: &Pool,
+        prep: &Prepared,
+        exclude: &[InstanceId],
+        request_id: &http::HeaderValue,
+        at: Moment,
+    ) -> Result<Routed, GatewayError> {
+        let Moment { now, seed, started } = at;
         let gossip = self.gossip.get().map(GossipPeers);
         let peers = gossip.as_ref().map(|g| g as &dyn Peers);
         let offers = pool.instances.iter().filter_map(|&id| {
@@ -364,7 +396,7 @@ impl Routing {
             expected_output_tokens: self.router.expected_output(pool.index, prep.max_tokens),
             kv_block_tokens: self.pools[pool.index].block_size,
             text: &prep.text,
-            seed: self.next_seed(),
+            seed,
             now,
         };
         let pr = &self.pools[pool.index];

@@ -208,6 +208,8 @@ pub struct Routed {
     pub matched_blocks: u32,
     /// The longest leading run the index believed any engine held.
     pub best_blocks: u32,
+    /// The policy's predicted cost of the chosen engine, ms.
+    pub predicted_cost_ms: f64,
 }
 
 impl SimRouter {
@@ -221,10 +223,15 @@ impl SimRouter {
         seed: u64,
     ) -> Self {
         let index = Arc::new(PlacementIndex::new(settings.index.clone()));
-        // An instance without a listed capacity keeps the index's default bound.
+        // An instance without a listed capacity keeps the index's default bound; one with a
+        // capacity gets the bound the gateway gives an engine reporting it.
+        let bounds = kvgate::config::IndexSection {
+            capacity_factor: settings.index_capacity_factor,
+            ..kvgate::config::IndexSection::default()
+        };
         for (i, &cap) in settings.capacity_blocks.iter().enumerate().take(instances) {
-            let bound = (cap as f64 * settings.index_capacity_factor.max(0.0)).ceil();
-            index.set_instance_capacity(InstanceId(i as u32), (bound as usize).max(1));
+            let bound = bounds.instance_capacity(cap).max(1);
+            index.set_instance_capacity(InstanceId(i as u32), bound);
         }
         let mut live = Vec::with_capacity(requests);
         live.resize_with(requests, || None);
@@ -304,12 +311,14 @@ impl SimRouter {
                 instance: 0,
                 matched_blocks: 0,
                 best_blocks: 0,
+                predicted_cost_ms: 0.0,
             };
         };
         let out = Routed {
             instance: routed.decision.chosen.index(),
             matched_blocks: routed.decision.matched_blocks,
             best_blocks: routed.best_blocks,
+            predicted_cost_ms: routed.decision.predicted_cost_ms,
         };
         if let Some(slot) = self.live.get_mut(id) {
             *slot = Some(Live {
@@ -406,7 +415,7 @@ pub fn request_seed(seed: u64, n: u64) -> u64 {
 /// prompts share leading bytes exactly as far as they share blocks), then, for a trailing partial
 /// block, bytes unique to this request in proportion to its length. Prefix match *rates* are thus
 /// the same as over real text, at an eighth of a byte per token.
-fn render_text(
+pub fn render_text(
     blocks: &[u64],
     prompt_tokens: u32,
     block_tokens: u32,
