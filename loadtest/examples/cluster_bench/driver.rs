@@ -45,6 +45,14 @@ pub struct Counters {
     pub cross_follow_ups: AtomicU64,
     /// Of those, routed to the previous turn's instance.
     pub cross_same_instance: AtomicU64,
+    /// Follow-up turns, through any replica.
+    pub follow_ups: AtomicU64,
+    /// Of those, routed to the previous turn's instance.
+    pub same_instance: AtomicU64,
+    /// Prompt tokens the engines reported (`usage.prompt_tokens`).
+    pub prompt_tokens: AtomicU64,
+    /// Of those, served from their prefix cache (`usage.prompt_tokens_details.cached_tokens`).
+    pub cached_tokens: AtomicU64,
     /// Sum of response latencies, µs.
     pub latency_us: AtomicU64,
 }
@@ -159,8 +167,18 @@ pub async fn run(
             let outcome = match r {
                 Ok(r) if r.status().is_success() => {
                     let inst = header(&r, "x-kvgate-instance");
-                    let _ = r.bytes().await;
+                    let body = r.bytes().await.unwrap_or_default();
                     counters.ok.fetch_add(1, Ordering::Relaxed);
+                    if let Some((prompt, cached)) = usage(&body) {
+                        counters.prompt_tokens.fetch_add(prompt, Ordering::Relaxed);
+                        counters.cached_tokens.fetch_add(cached, Ordering::Relaxed);
+                    }
+                    if let Some((prev, _)) = &req.previous {
+                        counters.follow_ups.fetch_add(1, Ordering::Relaxed);
+                        if *prev == inst {
+                            counters.same_instance.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
                     if let Some((prev, via)) = &req.previous {
                         if *via != target.index {
                             counters.cross_follow_ups.fetch_add(1, Ordering::Relaxed);
@@ -195,4 +213,17 @@ pub async fn run(
         });
     }
     while tasks.join_next().await.is_some() {}
+}
+
+/// Prompt and cached tokens of an OpenAI-style answer's `usage`, when it reports them (the light
+/// engines do not).
+fn usage(body: &[u8]) -> Option<(u64, u64)> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let u = v.get("usage")?;
+    let prompt = u.get("prompt_tokens")?.as_u64()?;
+    let cached = u
+        .pointer("/prompt_tokens_details/cached_tokens")
+        .and_then(|c| c.as_u64())
+        .unwrap_or(0);
+    Some((prompt, cached))
 }

@@ -169,6 +169,10 @@ struct Outcome {
     catch_up: Option<probe::CatchUp>,
     cross_follow_ups: u64,
     cross_same: u64,
+    follow_ups: u64,
+    same: u64,
+    prompt_tokens: u64,
+    cached_tokens: u64,
 }
 
 fn light_service(a: &Args) -> Duration {
@@ -354,6 +358,10 @@ async fn run_config(a: &Args, name: &str) -> anyhow::Result<Outcome> {
     out.shed = counters.shed.load(Ordering::Relaxed);
     out.cross_follow_ups = counters.cross_follow_ups.load(Ordering::Relaxed);
     out.cross_same = counters.cross_same_instance.load(Ordering::Relaxed);
+    out.follow_ups = counters.follow_ups.load(Ordering::Relaxed);
+    out.same = counters.same_instance.load(Ordering::Relaxed);
+    out.prompt_tokens = counters.prompt_tokens.load(Ordering::Relaxed);
+    out.cached_tokens = counters.cached_tokens.load(Ordering::Relaxed);
     let conv = probe_task.await.context("probe task")?;
     if gossip {
         out.conv = Some(conv);
@@ -387,11 +395,11 @@ fn print(a: &Args, outs: &mut [Outcome]) {
         "\n{engines}, {:.0} req/s offered, ~{}-token prompts (token ids, max_tokens 1), {} s measured, checkpoint stride {}, forget_dead_peer_placements = {}\n",
         a.rate, a.prompt_tokens, a.secs, a.stride, !a.keep_dead_placements
     );
-    println!("| configuration | achieved req/s | failed / shed | mean latency | process CPU | in-flight per instance (mean) | max/mean in-flight (mean of samples, p99) | time-avg max/mean | cross-replica follow-ups on the previous instance |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| configuration | achieved req/s | failed / shed | mean latency | process CPU | in-flight per instance (mean) | max/mean in-flight (mean of samples, p99) | time-avg max/mean | cross-replica follow-ups on the previous instance | all follow-ups on the previous instance | engine prefix-cache hit ratio |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for o in outs.iter() {
         println!(
-            "| {} | {:.0} | {} / {} | {:.1} ms | {:.2} cores | {:.2} | {:.2}, {:.2} | {:.2} | {} |",
+            "| {} | {:.0} | {} / {} | {:.1} ms | {:.2} cores | {:.2} | {:.2}, {:.2} | {:.2} | {} | {} | {} |",
             o.name,
             o.achieved,
             o.failed,
@@ -410,7 +418,9 @@ fn print(a: &Args, outs: &mut [Outcome]) {
                 )
             } else {
                 "–".into()
-            }
+            },
+            share(o.same, o.follow_ups),
+            share(o.cached_tokens, o.prompt_tokens),
         );
     }
     for o in outs.iter_mut() {
@@ -466,4 +476,12 @@ fn main() -> anyhow::Result<()> {
     }
     print(&a, &mut outs);
     Ok(())
+}
+
+/// `part` of `whole` as a percentage with its base, or a dash when there is none.
+fn share(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        return "–".into();
+    }
+    format!("{:.1} % of {whole}", 100.0 * part as f64 / whole as f64)
 }
