@@ -139,9 +139,9 @@ impl<T> FairQueue<T> {
 
     /// The oldest entry of each backlogged tenant: where waits are longest.
     pub fn heads(&self) -> impl Iterator<Item = &Queued<T>> + '_ {
-        self.ready.iter().filter_map(|&(_, _, tenant)| {
-            self.tenants.get(&tenant).and_then(|t| t.entries.front())
-        })
+        self.ready
+            .iter()
+            .filter_map(|&(_, _, tenant)| self.tenants.get(&tenant).and_then(|t| t.entries.front()))
     }
 
     /// The entry queued last (the largest id), if any.
