@@ -152,6 +152,11 @@ pub async fn index(State(s): State<AppState>) -> Response {
     .into_response()
 }
 
+/// `GET /admin/admission`: admission settings and each pool's queue by priority class.
+pub async fn admission(State(s): State<AppState>) -> Response {
+    Json(s.admission.status()).into_response()
+}
+
 /// Anything else: OpenAI-style 404.
 pub async fn not_found(uri: Uri) -> Response {
     GatewayError::NotFound(uri.path().to_string()).into_response()

@@ -48,6 +48,8 @@ pub struct Shared {
     pub request_id_header: HeaderName,
     /// Engine KV event ingestion (running once the background tasks start).
     pub events: crate::events::Events,
+    /// Admission control: the pools' wait queues.
+    pub admission: crate::admission::Admission,
 }
 
 impl Deref for AppState {
@@ -73,6 +75,12 @@ impl AppState {
         let clock = Clock::new();
         let fleet = Arc::new(Fleet::new(&config)?);
         let routing = Arc::new(Routing::new(&config, &fleet, clock)?);
+        let admission = crate::admission::Admission::new(
+            &config.admission,
+            &fleet,
+            routing.load().clone(),
+            clock,
+        );
         let client = HttpClient::new(&config.upstream);
         let request_id_header = HeaderName::from_bytes(config.server.request_id_header.as_bytes())
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
@@ -85,6 +93,7 @@ impl AppState {
             metrics,
             request_id_header,
             events: Default::default(),
+            admission,
         })))
     }
 }
@@ -104,6 +113,7 @@ pub fn router(state: AppState) -> axum::Router {
         .route("/admin/decisions", get(admin::decisions))
         .route("/admin/index", get(admin::index))
         .route("/admin/cluster", get(admin::cluster))
+        .route("/admin/admission", get(admin::admission))
         .fallback(admin::not_found)
         .with_state(state)
 }

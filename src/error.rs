@@ -94,6 +94,17 @@ pub enum GatewayError {
     /// The gateway is shutting down or failed internally.
     #[error("internal gateway error: {0}")]
     Internal(String),
+    /// Admission control turned the request away: its pool is saturated and the request could
+    /// not wait (queue full), waited too long, or was shed for a more urgent one.
+    #[error("model `{model}` is overloaded ({reason}); retry after {retry_after_s} s")]
+    Overloaded {
+        /// The pool's model.
+        model: String,
+        /// `queue_full`, `wait_timeout` or `shed` (also the `x-kvgate-reject-reason` header).
+        reason: &'static str,
+        /// The predicted drain time, seconds (the `Retry-After` header).
+        retry_after_s: u64,
+    },
 }
 
 impl GatewayError {
@@ -114,6 +125,7 @@ impl GatewayError {
             UpstreamConnect { .. } | UpstreamProtocol { .. } => StatusCode::BAD_GATEWAY,
             UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -134,7 +146,7 @@ impl GatewayError {
             UpstreamConnect { .. } | UpstreamTimeout { .. } | UpstreamProtocol { .. } => {
                 Fault::Upstream
             }
-            NoHealthyInstance { .. } | Internal(_) => Fault::Gateway,
+            NoHealthyInstance { .. } | Internal(_) | Overloaded { .. } => Fault::Gateway,
         }
     }
 
@@ -142,7 +154,9 @@ impl GatewayError {
     pub fn retry_safe(&self) -> bool {
         matches!(
             self,
-            GatewayError::NoHealthyInstance { .. } | GatewayError::UpstreamConnect { .. }
+            GatewayError::NoHealthyInstance { .. }
+                | GatewayError::UpstreamConnect { .. }
+                | GatewayError::Overloaded { .. }
         )
     }
 
@@ -174,6 +188,7 @@ impl GatewayError {
             UpstreamProtocol { .. } => "upstream_protocol_error",
             NotFound(_) => "not_found",
             Internal(_) => "internal_error",
+            Overloaded { .. } => "overloaded",
         }
     }
 
@@ -213,9 +228,22 @@ impl IntoResponse for GatewayError {
                 HeaderValue::from_static(RETRY_AFTER_SECS),
             );
         }
+        if let GatewayError::Overloaded {
+            reason,
+            retry_after_s,
+            ..
+        } = &self
+        {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_s));
+            h.insert(X_REJECT_REASON, HeaderValue::from_static(reason));
+        }
         resp
     }
 }
+
+/// Response header of a 429 from admission control: why (`queue_full`, `wait_timeout`, `shed`).
+pub const X_REJECT_REASON: http::HeaderName =
+    http::HeaderName::from_static("x-kvgate-reject-reason");
 
 #[cfg(test)]
 mod tests {
@@ -229,6 +257,21 @@ mod tests {
         let r = e.into_response();
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+    }
+
+    #[test]
+    fn overloaded_is_429_with_retry_after_and_reason() {
+        let e = GatewayError::Overloaded {
+            model: "m".into(),
+            reason: "queue_full",
+            retry_after_s: 7,
+        };
+        assert!(e.retry_safe());
+        assert_eq!(e.code(), "overloaded");
+        let r = e.into_response();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "7");
+        assert_eq!(r.headers()[X_REJECT_REASON], "queue_full");
     }
 
     #[test]

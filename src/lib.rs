@@ -23,6 +23,11 @@
 //!   HTTP/1.1 loop ([`proxy::h1`]), any other request through hyper, with the proxied routes
 //!   going straight to the same handler and everything else through the axum router
 //!   ([`proxy::service`]).
+//! - [`admission`] — admission control: while every usable instance of a pool is saturated
+//!   (predicted time to first token over a bound, or in-flight requests at a capacity), requests
+//!   wait in the pool's queue (`kvgate_core::admission`: priority classes, token-fair tenant
+//!   share) and are admitted as requests on the pool finish; 429 with `Retry-After` when the
+//!   queue is full, the wait bound passes or a request is shed.
 //! - [`admin`] — `/health`, `/ready`, `/metrics`, `/v1/models`, `/admin/*`.
 //! - [`routing`] — the only caller of the routing core: prompt → block hashes → usable instances
 //!   offered to `kvgate_core::router::Router::route` (index match → policy decision → prediction +
@@ -53,6 +58,7 @@
 //!   `loadtest/overhead.sh` measures the proxy's own cost against nginx.
 
 pub mod admin;
+pub mod admission;
 pub mod alloc;
 pub mod app;
 pub mod client;

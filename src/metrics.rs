@@ -40,6 +40,12 @@ pub const MATCHED_PREFIX_RATIO: &str = "kvgate_routing_matched_prefix_ratio";
 pub const DECISION_DURATION: &str = "kvgate_routing_decision_duration_seconds";
 /// Decisions by policy and reason.
 pub const DECISIONS: &str = "kvgate_routing_decisions_total";
+/// Requests waiting in a pool's admission queue.
+pub const ADMISSION_QUEUE_DEPTH: &str = "kvgate_admission_queue_depth";
+/// Requests admission control turned away, by pool and reason.
+pub const ADMISSION_REJECTIONS: &str = "kvgate_admission_rejections_total";
+/// Time admitted requests waited in their pool's admission queue, by pool.
+pub const ADMISSION_WAIT: &str = "kvgate_admission_queue_wait_seconds";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -66,6 +72,7 @@ fn build() -> Result<PrometheusHandle, String> {
         (TTFT, TTFT_BUCKETS),
         (MATCHED_PREFIX_RATIO, RATIO_BUCKETS),
         (DECISION_DURATION, DECISION_BUCKETS),
+        (ADMISSION_WAIT, LATENCY_BUCKETS),
         (
             kvgate_gossip::metrics::CONVERGENCE_LAG_SECONDS,
             kvgate_gossip::metrics::LAG_BUCKETS,
@@ -119,6 +126,19 @@ fn build() -> Result<PrometheusHandle, String> {
         "Time to hash a prompt and choose an instance."
     );
     describe_counter!(DECISIONS, "Routing decisions by policy and reason.");
+    describe_gauge!(
+        ADMISSION_QUEUE_DEPTH,
+        "Requests waiting in the pool's admission queue."
+    );
+    describe_counter!(
+        ADMISSION_REJECTIONS,
+        "Requests admission control rejected with 429, by pool and reason (queue_full, wait_timeout, shed)."
+    );
+    describe_histogram!(
+        ADMISSION_WAIT,
+        metrics::Unit::Seconds,
+        "Time admitted requests waited in the pool's admission queue."
+    );
     Ok(handle)
 }
 
@@ -203,6 +223,49 @@ impl InstanceMetrics {
     /// costs each of them the cache line.
     pub fn set_in_flight(&self, requests: u32) {
         self.in_flight.set(f64::from(requests));
+    }
+}
+
+/// Pre-registered admission handles of one pool. Must be built after [`install`].
+pub struct AdmissionMetrics {
+    depth: Gauge,
+    wait: Histogram,
+    /// Indexed like `RejectReason::ALL`.
+    rejected: [Counter; 3],
+}
+
+impl AdmissionMetrics {
+    /// Handles for `pool`.
+    pub fn new(pool: &str) -> Self {
+        use kvgate_core::admission::RejectReason;
+        Self {
+            depth: gauge!(ADMISSION_QUEUE_DEPTH, "pool" => pool.to_string()),
+            wait: histogram!(ADMISSION_WAIT, "pool" => pool.to_string()),
+            rejected: RejectReason::ALL.map(|r| {
+                counter!(ADMISSION_REJECTIONS, "pool" => pool.to_string(), "reason" => r.as_str())
+            }),
+        }
+    }
+
+    /// The queue now holds `n` requests.
+    pub fn depth(&self, n: usize) {
+        self.depth.set(n as f64);
+    }
+
+    /// A request admitted after waiting `seconds`.
+    pub fn waited(&self, seconds: f64) {
+        self.wait.record(seconds);
+    }
+
+    /// A request rejected for `reason`.
+    pub fn rejected(&self, reason: kvgate_core::admission::RejectReason) {
+        if let Some(c) = kvgate_core::admission::RejectReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .and_then(|i| self.rejected.get(i))
+        {
+            c.increment(1);
+        }
     }
 }
 

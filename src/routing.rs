@@ -344,8 +344,14 @@ impl Routing {
         })
     }
 
-    /// Chooses an instance of `pool` for `prep`, skipping `exclude` (already tried) and unusable
-    /// instances, and records the choice.
+    /// Expected output tokens of a request to `pool` bounded by `max_tokens`.
+    pub fn expected_output(&self, pool: usize, max_tokens: Option<u32>) -> u32 {
+        self.router.expected_output(pool, max_tokens)
+    }
+
+    /// Chooses an instance of `pool` for `prep`, skipping `exclude` (already tried), unusable
+    /// instances and, with `full_at`, those with that many requests in flight fleet-wide
+    /// (admission control's capacity), and records the choice.
     pub fn decide(
         &self,
         fleet: &Fleet,
@@ -353,6 +359,7 @@ impl Routing {
         prep: &Prepared,
         exclude: &[InstanceId],
         request_id: &http::HeaderValue,
+        full_at: Option<u32>,
     ) -> Result<Routed, GatewayError> {
         let started = Instant::now();
         let at = Moment {
@@ -382,6 +389,12 @@ impl Routing {
             let inst = fleet.instance(id);
             if exclude.contains(&id) || !inst.health.usable(now) {
                 return None;
+            }
+            if let Some(cap) = full_at {
+                let own = self.router.load().snapshot(id);
+                if kvgate_core::router::fleet_load(own, peers, id).in_flight >= cap {
+                    return None;
+                }
             }
             Some(Offer {
                 id,

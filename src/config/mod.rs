@@ -7,12 +7,14 @@
 //!   command-line flags (applied by the binary).
 //! - Unknown keys and invalid values are start-up errors that name the key.
 
+mod admission;
 pub mod env;
 mod pools;
 mod routing;
 mod server;
 mod upstream;
 
+pub use admission::AdmissionConfig;
 pub use pools::{Flavour, InstanceConfig, PoolConfig, SimConfig};
 pub use routing::{HashMode, IndexSection, RoutingConfig};
 pub use server::{LogFormat, ServerConfig};
@@ -43,6 +45,8 @@ pub struct Config {
     pub events: kvgate_events::EventsConfig,
     /// Replica gossip: shared placements, load and health between gateway replicas.
     pub gossip: kvgate_gossip::GossipConfig,
+    /// Admission control: per-pool wait queues while pools are saturated.
+    pub admission: AdmissionConfig,
 }
 
 /// A configuration problem, naming the offending key (or environment variable).
@@ -326,6 +330,9 @@ impl Config {
         self.gossip
             .validate()
             .map_err(|e| invalid(format!("gossip.{}", e.key), e.message))?;
+        self.admission
+            .validate()
+            .map_err(|(key, message)| invalid(format!("admission.{key}"), message))?;
         self.validate_pools()
     }
 

@@ -46,7 +46,13 @@ pub struct Tracker {
     instance: InstanceId,
     route: usize,
     guard: Option<LoadGuard>,
+    /// Arrival: user-felt times (metrics) count from here, admission queueing included.
     started: Instant,
+    /// Dispatch of the answering attempt: what the instance itself took counts from here
+    /// (learned rates, the instance's average).
+    sent: Instant,
+    /// The pool whose admission place this response holds (released when it ends).
+    admitted: Option<usize>,
     stream: bool,
     learning: Learning,
     status: u16,
@@ -78,6 +84,8 @@ impl Tracker {
             route,
             guard: Some(guard),
             started,
+            sent: started,
+            admitted: None,
             stream,
             learning,
             status,
@@ -88,16 +96,24 @@ impl Tracker {
         }
     }
 
+    /// The answering attempt was sent at `sent`; `admitted`: the pool whose admission place the
+    /// response holds.
+    pub fn dispatched(&mut self, sent: Instant, admitted: Option<usize>) {
+        self.sent = sent;
+        self.admitted = admitted;
+    }
+
     fn on_first_data(&mut self) {
         self.first_seen = true;
         if let Some(g) = self.guard.as_mut() {
             g.first_token();
         }
         if self.stream {
-            let elapsed = self.started.elapsed();
             let inst = self.state.fleet.instance(self.instance);
-            let ms = elapsed.as_secs_f64() * 1e3;
-            inst.metrics.ttft(elapsed.as_secs_f64());
+            inst.metrics.ttft(self.started.elapsed().as_secs_f64());
+            // The instance's own share: from dispatch, without admission queueing or earlier
+            // attempts.
+            let ms = self.sent.elapsed().as_secs_f64() * 1e3;
             inst.ttft.observe(ms);
             let batch = self
                 .state
@@ -130,6 +146,10 @@ impl Tracker {
             self.observe_decode();
         }
         drop(self.guard.take());
+        // After the load is dropped: the next waiter is judged against it.
+        if let Some(pool) = self.admitted.take() {
+            self.state.admission.release(pool);
+        }
         let inst = self.state.fleet.instance(self.instance);
         let class = match end {
             End::ClientGone => metrics::CANCELLED,

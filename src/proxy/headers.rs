@@ -15,6 +15,18 @@ pub const X_MATCHED_BLOCKS: HeaderName = HeaderName::from_static("x-kvgate-match
 /// Response header: the policy's predicted time to first token on the chosen instance, in ms.
 pub const X_PREDICTED_TTFT: HeaderName = HeaderName::from_static("x-kvgate-predicted-ttft-ms");
 
+/// The first value of field `name` (lowercase) in either form of a request's headers.
+pub fn find<'a>(headers: &crate::client::OutHeaders<'a>, name: &str) -> Option<&'a [u8]> {
+    use crate::client::OutHeaders;
+    match *headers {
+        OutHeaders::Map(map) => map.get(name).map(HeaderValue::as_bytes),
+        OutHeaders::Fields(fields) => fields
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v),
+    }
+}
+
 /// Removes hop-by-hop headers ([`HOP_BY_HOP`], and those listed in `Connection`) in place.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass of cheap comparisons first: usually there is nothing to remove, and a removal

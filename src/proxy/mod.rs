@@ -11,6 +11,9 @@
 //!   gossip), since the instance never computed the prompt; a timeout or a broken answer does not
 //!   (the instance may have).
 //! - Errors become responses only through [`GatewayError`]'s single mapping.
+//! - With admission control on, a request to a saturated pool waits in the pool's queue before
+//!   its decision is used (see [`crate::admission`]); its time there counts in its time to first
+//!   token, which runs from arrival.
 
 pub mod body;
 pub mod date;
@@ -22,6 +25,7 @@ pub mod reply;
 pub mod server;
 pub mod service;
 
+use crate::admission::{Gate, PRIORITY_HEADER};
 use crate::app::AppState;
 use crate::client::wire::Fields;
 use crate::client::{OutHeaders, Outgoing, SendError, UpstreamResponse};
@@ -212,7 +216,21 @@ async fn forward(
     let pool = state.fleet.pool_for(input.model.as_deref())?;
     let prep = state.routing.prepare(pool, &input)?;
     let stream = input.stream;
+    let body_priority = input.priority;
     drop(input);
+    let adm = &state.admission;
+    let mut gate = if adm.enabled() {
+        let output = state.routing.expected_output(pool.index, prep.max_tokens);
+        adm.gate(
+            pool.index,
+            headers::find(&req.headers, PRIORITY_HEADER),
+            body_priority,
+            headers::find(&req.headers, adm.tenant_header().as_str()),
+            u64::from(prep.prompt_tokens) + u64::from(output),
+        )
+    } else {
+        Gate::off()
+    };
 
     let query_path;
     let path_and_query = match req.query {
@@ -227,8 +245,19 @@ async fn forward(
     let max_attempts = cfg.upstream.max_attempts as usize;
     let mut tried: Vec<InstanceId> = Vec::new();
     loop {
-        let routed = match state.routing.decide(&state.fleet, pool, &prep, &tried, rid) {
+        gate.enter().await?;
+        let full_at = gate.capacity();
+        let routed = match state
+            .routing
+            .decide(&state.fleet, pool, &prep, &tried, rid, full_at)
+        {
             Ok(r) => r,
+            // Usable instances exist, but every one is full: wait for one to finish.
+            Err(GatewayError::NoHealthyInstance { .. })
+                if full_at.is_some() && has_candidate(state, pool, &tried) && gate.all_full() =>
+            {
+                continue
+            }
             // Every usable instance was tried and refused connections: report that, not "none healthy".
             Err(e @ GatewayError::NoHealthyInstance { .. }) => match tried.last() {
                 Some(&last) => {
@@ -240,6 +269,10 @@ async fn forward(
             },
             Err(e) => return Err(e),
         };
+        if gate.check(&routed) {
+            // Saturated: the decision is dropped (its load with it) and made again once admitted.
+            continue;
+        }
         let id = routed.chosen;
         state.events.note_dispatch(id);
         let inst = state.fleet.instance(id);
@@ -270,7 +303,16 @@ async fn forward(
                         continue;
                     }
                 }
-                return Ok(relay(state, endpoint, resp, routed, started, stream));
+                let times = (started, sent);
+                return Ok(relay(
+                    state,
+                    endpoint,
+                    resp,
+                    routed,
+                    times,
+                    stream,
+                    gate.hand_over(),
+                ));
             }
             Err(SendError::Connect(msg)) => {
                 metrics::record_upstream_error(&inst.name, "connect");
@@ -312,25 +354,29 @@ async fn forward(
     }
 }
 
+/// `times`: the request's arrival and the chosen attempt's dispatch. `admitted`: the pool whose
+/// admission place the response holds until it ends.
 fn relay(
     state: &AppState,
     endpoint: Endpoint,
     resp: UpstreamResponse,
     routed: crate::routing::Routed,
-    started: Instant,
+    times: (Instant, Instant),
     stream: bool,
+    admitted: Option<usize>,
 ) -> Reply {
     let inst = state.fleet.instance(routed.chosen);
-    let tracker = Tracker::new(
+    let mut tracker = Tracker::new(
         state.clone(),
         routed.chosen,
         endpoint.index(),
         routed.guard,
-        started,
+        times.0,
         stream,
         routed.learning,
         resp.status.as_u16(),
     );
+    tracker.dispatched(times.1, admitted);
     let idle = Duration::from_millis(state.config.upstream.idle_timeout_ms);
     let body = GatewayBody::Relay {
         body: ProxyBody::new(resp.body, idle, tracker),

@@ -3,7 +3,7 @@
 //! Invariants:
 //! - Reads only `model`, `messages` / `prompt` / `input` / `instructions`, `tools`, `stream`,
 //!   `cache_salt` and the output bound (`max_tokens`, `max_completion_tokens`,
-//!   `max_output_tokens`); every other field is validated and skipped by [`super::json::Reader`], and the
+//!   `max_output_tokens`) and vLLM's `priority`; every other field is validated and skipped by [`super::json::Reader`], and the
 //!   caller forwards the original bytes, so unknown fields and formatting survive untouched.
 //! - Never allocates a copy of message text unless it has escapes or arrives as several parts.
 //! - A `null` field reads as absent; a field given twice, or with the wrong type, is an
@@ -99,6 +99,9 @@ pub struct RouteInput<'a> {
     /// `max_output_tokens`, whichever is smallest, when a non-negative integer. Anything else is
     /// left for the engine to judge (it is forwarded unchanged either way).
     pub max_tokens: Option<u32>,
+    /// vLLM's `priority` (lower is more urgent), when an integer; anything else is left for the
+    /// engine to judge.
+    pub priority: Option<i64>,
     /// The prompt.
     pub prompt: Prompt<'a>,
 }
@@ -117,6 +120,7 @@ enum Key {
     MaxTokens,
     MaxCompletionTokens,
     MaxOutputTokens,
+    Priority,
 }
 
 impl Key {
@@ -133,6 +137,7 @@ impl Key {
             "max_tokens" => Key::MaxTokens,
             "max_completion_tokens" => Key::MaxCompletionTokens,
             "max_output_tokens" => Key::MaxOutputTokens,
+            "priority" => Key::Priority,
             _ => return None,
         })
     }
@@ -149,6 +154,7 @@ impl Key {
             Key::MaxTokens => "max_tokens",
             Key::MaxCompletionTokens => "max_completion_tokens",
             Key::MaxOutputTokens => "max_output_tokens",
+            Key::Priority => "priority",
         }
     }
 }
@@ -165,6 +171,7 @@ struct Fields<'a> {
     stream: Option<bool>,
     cache_salt: Option<Cow<'a, str>>,
     max_tokens: Option<u32>,
+    priority: Option<i64>,
 }
 
 /// A chat message or Responses API item as read.
@@ -245,6 +252,7 @@ fn fields<'a>(r: &mut Reader<'a>) -> Result<Fields<'a>, GatewayError> {
                     f.max_tokens = Some(f.max_tokens.map_or(n, |m| m.min(n)));
                 }
             }
+            Key::Priority => f.priority = integer(r)?,
         }
     }
     Ok(f)
@@ -253,6 +261,21 @@ fn fields<'a>(r: &mut Reader<'a>) -> Result<Fields<'a>, GatewayError> {
 /// An output bound's value: a non-negative integer that fits `u32`, else `None` (skipped, not
 /// rejected: the engine decides what it accepts). Malformed JSON is still an error.
 fn bound(r: &mut Reader<'_>) -> Result<Option<u32>, GatewayError> {
+    match r.expect_value()? {
+        Kind::Number => {
+            let (digits, integer) = r.number()?;
+            Ok(if integer { digits.parse().ok() } else { None })
+        }
+        _ => {
+            r.skip_value()?;
+            Ok(None)
+        }
+    }
+}
+
+/// An integer that fits `i64`, else `None` (skipped, not rejected). Malformed JSON is still an
+/// error.
+fn integer(r: &mut Reader<'_>) -> Result<Option<i64>, GatewayError> {
     match r.expect_value()? {
         Kind::Number => {
             let (digits, integer) = r.number()?;
@@ -500,6 +523,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RouteInput<'_>, GatewayE
         stream: w.stream.unwrap_or(false),
         cache_salt: w.cache_salt,
         max_tokens: w.max_tokens,
+        priority: w.priority,
         prompt,
     })
 }
@@ -616,6 +640,22 @@ mod tests {
             br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":1,"max_tokens":2}"#
         )
         .is_err());
+    }
+
+    #[test]
+    fn priority_is_read_leniently() {
+        let cases: [(&[u8], Option<i64>); 5] = [
+            (br#"{"prompt":"x","priority":-3}"#, Some(-3)),
+            (br#"{"prompt":"x","priority":0}"#, Some(0)),
+            (br#"{"prompt":"x","priority":"high"}"#, None),
+            (br#"{"prompt":"x","priority":1.5}"#, None),
+            (br#"{"prompt":"x"}"#, None),
+        ];
+        for (body, want) in cases {
+            let r = parse(Endpoint::Completions, body).expect("valid");
+            assert_eq!(r.priority, want, "{}", String::from_utf8_lossy(body));
+        }
+        assert!(parse(Endpoint::Completions, br#"{"prompt":"x","priority":1e}"#).is_err());
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub enum Mode {
     DropMidStream { chunks: usize },
     /// Waits this long before answering with JSON.
     Slow(Duration),
+    /// Holds each request until [`Mock::release`] lets it go, then answers with JSON.
+    Held,
 }
 
 /// One request a mock received.
@@ -50,6 +52,10 @@ pub struct MockState {
     pub streams_completed: AtomicUsize,
     pub models: Mutex<Vec<String>>,
     pub health_checks: AtomicUsize,
+    /// Permits for held requests ([`Mode::Held`]).
+    pub hold: tokio::sync::Semaphore,
+    /// Requests being held now.
+    pub held: AtomicUsize,
 }
 
 pub struct Mock {
@@ -69,6 +75,8 @@ impl Mock {
             streams_completed: AtomicUsize::new(0),
             models: Mutex::new(vec!["m".to_string()]),
             health_checks: AtomicUsize::new(0),
+            hold: tokio::sync::Semaphore::new(0),
+            held: AtomicUsize::new(0),
         });
         let app = axum::Router::new()
             .route("/v1/chat/completions", post(proxied))
@@ -110,6 +118,14 @@ impl Mock {
     }
     pub fn count(&self) -> usize {
         self.state.received.lock().len()
+    }
+    /// Lets `n` held requests ([`Mode::Held`]) answer.
+    pub fn release(&self, n: usize) {
+        self.state.hold.add_permits(n);
+    }
+    /// Requests being held now.
+    pub fn held(&self) -> usize {
+        self.state.held.load(Ordering::SeqCst)
     }
 }
 
@@ -200,6 +216,18 @@ async fn proxied(State(s): State<Arc<MockState>>, req: Request) -> Response {
         Mode::Slow(d) => {
             tokio::time::sleep(d).await;
             (StatusCode::OK, [("content-type", "application/json")], "{}").into_response()
+        }
+        Mode::Held => {
+            s.held.fetch_add(1, Ordering::SeqCst);
+            if let Ok(p) = s.hold.acquire().await {
+                p.forget();
+            }
+            s.held.fetch_sub(1, Ordering::SeqCst);
+            (
+                [("content-type", "application/json")],
+                format!(r#"{{"id":"x","object":"chat.completion","served_by":"{}"}}"#, s.name),
+            )
+                .into_response()
         }
     }
 }

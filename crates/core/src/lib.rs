@@ -24,6 +24,10 @@
 //!   Dynamo cost, llm-d weighted); [`policy::PolicyConfig`] holds every policy default and
 //!   [`policy::build_policy`] builds the configured one.
 //!
+//! - [`admission`]: the bounded per-pool wait queue the gateway holds requests in while a pool
+//!   is saturated: strict priority classes, token-fair share between tenants within a class,
+//!   entry / token / wait bounds, shedding of lower classes first, and the drain rate behind a
+//!   rejection's `Retry-After`.
 //! - [`router`]: the one decision sequence, [`router::Router::route`], that the gateway and the
 //!   offline simulator both call, and the learning that follows a dispatch (first token, end of
 //!   the decode).
@@ -42,6 +46,7 @@
 //! - Block hashes that leave the process come only from [`hash`] (never from `ahash`, which is
 //!   randomized per process and used for in-memory maps only).
 
+pub mod admission;
 pub mod hash;
 pub mod index;
 pub mod load;
