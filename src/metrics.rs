@@ -26,7 +26,7 @@ pub const UPSTREAM_ERRORS: &str = "kvgate_upstream_errors_total";
 pub const IN_FLIGHT: &str = "kvgate_in_flight_requests";
 /// Retries on another instance, by pool and cause.
 pub const RETRIES: &str = "kvgate_retries_total";
-/// Counter: predictions taken back after their attempt failed.
+/// Counter: predictions taken back because their request did not reach the instance.
 pub const RETRACTIONS: &str = "kvgate_prediction_retractions_total";
 /// Requests rejected by the gateway itself, by error code.
 pub const REJECTED: &str = "kvgate_rejected_requests_total";
@@ -105,7 +105,7 @@ fn build() -> Result<PrometheusHandle, String> {
     describe_counter!(RETRIES, "Retries on another instance, by pool and cause.");
     describe_counter!(
         RETRACTIONS,
-        "Routing predictions taken back (locally and through gossip) because their attempt failed."
+        "Routing predictions taken back (locally and through gossip): the attempt was refused, or admission control held the request back."
     );
     describe_counter!(REJECTED, "Requests rejected by the gateway, by error code.");
     describe_gauge!(

@@ -367,22 +367,24 @@ impl Routing {
             seed: self.next_seed(),
             started,
         };
-        self.decide_at(fleet, pool, prep, exclude, request_id, at)
+        self.decide_at(fleet, pool, prep, (exclude, full_at), request_id, at)
     }
 
     /// [`Routing::decide`] at a given moment and tie-breaking seed: the whole decision but for
     /// reading the clock and drawing the seed, so that it can be replayed in virtual time
     /// (`loadtest/tests/router_parity.rs` pins it to the offline simulator's router).
+    /// `skip`: the instances already tried, and admission control's in-flight capacity.
     pub fn decide_at(
         &self,
         fleet: &Fleet,
         pool: &Pool,
         prep: &Prepared,
-        exclude: &[InstanceId],
+        skip: (&[InstanceId], Option<u32>),
         request_id: &http::HeaderValue,
         at: Moment,
     ) -> Result<Routed, GatewayError> {
         let Moment { now, seed, started } = at;
+        let (exclude, full_at) = skip;
         let gossip = self.gossip.get().map(GossipPeers);
         let peers = gossip.as_ref().map(|g| g as &dyn Peers);
         let offers = pool.instances.iter().filter_map(|&id| {

@@ -155,7 +155,9 @@ fn replay(kind: &str, policy: PolicyName, objective: Objective) {
             seed: request_seed(SEED, id as u64),
             started: std::time::Instant::now(),
         };
-        let g = gw.decide_at(&fleet, pool, &prep, &[], &rid, at).unwrap();
+        let g = gw
+            .decide_at(&fleet, pool, &prep, (&[], None), &rid, at)
+            .unwrap();
         let s = sim.route(id, req, now);
         assert_eq!(
             (g.chosen.index(), g.matched_blocks),

@@ -270,7 +270,9 @@ async fn forward(
             Err(e) => return Err(e),
         };
         if gate.check(&routed) {
-            // Saturated: the decision is dropped (its load with it) and made again once admitted.
+            // Saturated: the decision is dropped (its load and its prediction with it) and made
+            // again once admitted.
+            state.routing.retract(&prep, &routed);
             continue;
         }
         let id = routed.chosen;
