@@ -50,6 +50,8 @@ pub struct Shared {
     pub events: crate::events::Events,
     /// Admission control: the pools' wait queues.
     pub admission: crate::admission::Admission,
+    /// The bounded pool that tokenizes large prompts off the serving threads.
+    pub offload: crate::proxy::offload::Offload,
 }
 
 impl Deref for AppState {
@@ -82,6 +84,7 @@ impl AppState {
             clock,
         );
         let client = HttpClient::new(&config.upstream);
+        let offload = crate::proxy::offload::Offload::new(&config.routing.tokenize);
         let request_id_header = HeaderName::from_bytes(config.server.request_id_header.as_bytes())
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         Ok(AppState(Arc::new(Shared {
@@ -94,6 +97,7 @@ impl AppState {
             request_id_header,
             events: Default::default(),
             admission,
+            offload,
         })))
     }
 }

@@ -105,6 +105,12 @@ pub enum GatewayError {
         /// The predicted drain time, seconds (the `Retry-After` header).
         retry_after_s: u64,
     },
+    /// Every tokenizing thread is busy and the queue for them is full or was waited on too long.
+    #[error("the gateway's tokenizers are busy ({queued} prompts waiting); retry shortly")]
+    TokenizerBusy {
+        /// Prompts waiting when this one was turned away.
+        queued: usize,
+    },
 }
 
 impl GatewayError {
@@ -126,6 +132,7 @@ impl GatewayError {
             UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            TokenizerBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -146,7 +153,9 @@ impl GatewayError {
             UpstreamConnect { .. } | UpstreamTimeout { .. } | UpstreamProtocol { .. } => {
                 Fault::Upstream
             }
-            NoHealthyInstance { .. } | Internal(_) | Overloaded { .. } => Fault::Gateway,
+            NoHealthyInstance { .. } | Internal(_) | Overloaded { .. } | TokenizerBusy { .. } => {
+                Fault::Gateway
+            }
         }
     }
 
@@ -157,6 +166,7 @@ impl GatewayError {
             GatewayError::NoHealthyInstance { .. }
                 | GatewayError::UpstreamConnect { .. }
                 | GatewayError::Overloaded { .. }
+                | GatewayError::TokenizerBusy { .. }
         )
     }
 
@@ -189,6 +199,7 @@ impl GatewayError {
             NotFound(_) => "not_found",
             Internal(_) => "internal_error",
             Overloaded { .. } => "overloaded",
+            TokenizerBusy { .. } => "tokenizer_busy",
         }
     }
 

@@ -22,7 +22,8 @@
 //!   only; served thread-per-core ([`proxy::server`]): plain proxied `POST`s on kvgate's own
 //!   HTTP/1.1 loop ([`proxy::h1`]), any other request through hyper, with the proxied routes
 //!   going straight to the same handler and everything else through the axum router
-//!   ([`proxy::service`]).
+//!   ([`proxy::service`]); token-mode parsing and tokenizing of large bodies on a bounded set of
+//!   blocking threads ([`proxy::offload`]).
 //! - [`admission`] — admission control: while every usable instance of a pool is saturated
 //!   (predicted time to first token over a bound, or in-flight requests at a capacity), requests
 //!   wait in the pool's queue (`kvgate_core::admission`: priority classes, token-fair tenant

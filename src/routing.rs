@@ -240,6 +240,16 @@ impl Routing {
         self.pools[pool].policy.name()
     }
 
+    /// Token mode when any pool hashes tokens (tokenizing is what is worth moving off the
+    /// serving threads), else text mode.
+    pub fn strictest_mode(&self) -> HashMode {
+        if self.pools.iter().any(|p| p.mode == HashMode::Token) {
+            HashMode::Token
+        } else {
+            HashMode::Text
+        }
+    }
+
     /// The hash mode in effect for `pool`.
     pub fn hash_mode(&self, pool: usize) -> HashMode {
         self.pools[pool].mode

@@ -44,9 +44,22 @@ fn fleet_config(infos: &[kvgate_sim::SimInstanceInfo]) -> kvgate::config::Config
 
 #[tokio::test]
 async fn repeated_prefix_lands_on_the_instance_that_caches_it() {
+    repeated_prefix(usize::MAX).await;
+}
+
+/// The same, with every prompt tokenized off the serving thread.
+#[tokio::test]
+async fn prompts_tokenized_off_the_serving_thread_route_alike() {
+    repeated_prefix(0).await;
+}
+
+/// Three prompts sharing a long system prompt, with bodies of at least `offload_min_bytes`
+/// tokenized on a blocking thread.
+async fn repeated_prefix(offload_min_bytes: usize) {
     let fleet = start_fleet().await;
     let infos = fleet.instances();
     let mut cfg = fleet_config(&infos);
+    cfg.routing.tokenize.offload_min_bytes = offload_min_bytes;
     // Sequential requests: router-tracked load says everything is idle. Scraped engine load lags
     // (a scrape during request 1 still shows it queued until the next scrape), so leave it out to
     // test cache affinity alone.

@@ -16,7 +16,7 @@ mod upstream;
 
 pub use admission::AdmissionConfig;
 pub use pools::{Flavour, InstanceConfig, PoolConfig, SimConfig};
-pub use routing::{HashMode, IndexSection, RoutingConfig};
+pub use routing::{HashMode, IndexSection, RoutingConfig, TokenizeSection};
 pub use server::{LogFormat, ServerConfig};
 pub use upstream::{HealthConfig, LoadConfig, UpstreamConfig};
 
@@ -206,6 +206,10 @@ impl Config {
             (
                 "routing.index.expire_interval_ms",
                 self.routing.index.expire_interval_ms,
+            ),
+            (
+                "routing.tokenize.max_wait_ms",
+                self.routing.tokenize.max_wait_ms,
             ),
         ] {
             if v == 0 {

@@ -80,6 +80,43 @@ impl IndexSection {
     }
 }
 
+/// `[routing.tokenize]`: token-mode hashing of large prompts off the serving threads.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TokenizeSection {
+    /// Bodies of at least this many bytes to a token-mode pool are tokenized on a blocking
+    /// thread instead of the connection's serving thread (smaller ones take less time than the
+    /// hand-off).
+    pub offload_min_bytes: usize,
+    /// Blocking threads tokenizing at once (0 = one per available core).
+    pub threads: usize,
+    /// Requests waiting for a tokenizing thread, beyond which a request gets 503.
+    pub max_queued: usize,
+    /// Longest wait for a tokenizing thread before 503.
+    pub max_wait_ms: u64,
+}
+
+impl Default for TokenizeSection {
+    fn default() -> Self {
+        Self {
+            offload_min_bytes: 64 * 1024,
+            threads: 0,
+            max_queued: 256,
+            max_wait_ms: 5_000,
+        }
+    }
+}
+
+impl TokenizeSection {
+    /// Tokenizing threads in effect.
+    pub fn threads(&self) -> usize {
+        match self.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+    }
+}
+
 /// `[routing]` section.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -108,6 +145,8 @@ pub struct RoutingConfig {
     pub initial_output_tokens: u32,
     /// Placement index bounds.
     pub index: IndexSection,
+    /// Where large prompts are tokenized.
+    pub tokenize: TokenizeSection,
 }
 
 impl Default for RoutingConfig {
@@ -123,6 +162,7 @@ impl Default for RoutingConfig {
             decode_rates: kvgate_core::load::DecodeRateConfig::default(),
             initial_output_tokens: 256,
             index: IndexSection::default(),
+            tokenize: TokenizeSection::default(),
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod date;
 pub mod h1;
 pub mod headers;
 pub mod json;
+pub mod offload;
 pub mod parse;
 pub mod reply;
 pub mod server;
@@ -212,12 +213,16 @@ async fn forward(
     started: Instant,
 ) -> Result<Reply, GatewayError> {
     let bytes = req.body;
-    let input = parse::parse(endpoint, &bytes)?;
-    let pool = state.fleet.pool_for(input.model.as_deref())?;
-    let prep = state.routing.prepare(pool, &input)?;
-    let stream = input.stream;
-    let body_priority = input.priority;
-    drop(input);
+    let ready = if state
+        .offload
+        .applies(state.routing.strictest_mode(), bytes.len())
+    {
+        state.offload.ready(state, endpoint, bytes.clone()).await?
+    } else {
+        offload::ready(state, endpoint, &bytes)?
+    };
+    let pool = &state.fleet.pools()[ready.pool];
+    let (prep, stream, body_priority) = (ready.prep, ready.stream, ready.priority);
     let adm = &state.admission;
     let mut gate = if adm.enabled() {
         let output = state.routing.expected_output(pool.index, prep.max_tokens);
