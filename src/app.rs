@@ -48,6 +48,8 @@ pub struct Shared {
     pub request_id_header: HeaderName,
     /// Engine KV event ingestion (running once the background tasks start).
     pub events: crate::events::Events,
+    /// `[server.limits]` in force: deadlines, the connection cap, the body budget.
+    pub limits: proxy::limits::Limits,
 }
 
 impl Deref for AppState {
@@ -76,7 +78,9 @@ impl AppState {
         let client = HttpClient::new(&config.upstream);
         let request_id_header = HeaderName::from_bytes(config.server.request_id_header.as_bytes())
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
+        let limits = proxy::limits::Limits::new(&config.server);
         Ok(AppState(Arc::new(Shared {
+            limits,
             config: Arc::new(config),
             fleet,
             routing,
