@@ -31,6 +31,10 @@ pub enum Mode {
     DropMidStream { chunks: usize },
     /// Waits this long before answering with JSON.
     Slow(Duration),
+    /// Waits for [`Mock::release`] before answering with JSON.
+    Held,
+    /// SSE: up to `chunks` data events of `bytes` bytes each, sent as fast as the client reads.
+    Flood { chunks: usize, bytes: usize },
 }
 
 /// One request a mock received.
@@ -50,6 +54,8 @@ pub struct MockState {
     pub streams_completed: AtomicUsize,
     pub models: Mutex<Vec<String>>,
     pub health_checks: AtomicUsize,
+    /// Permits for [`Mode::Held`] requests to answer.
+    pub release: tokio::sync::Semaphore,
 }
 
 pub struct Mock {
@@ -69,6 +75,7 @@ impl Mock {
             streams_completed: AtomicUsize::new(0),
             models: Mutex::new(vec!["m".to_string()]),
             health_checks: AtomicUsize::new(0),
+            release: tokio::sync::Semaphore::new(0),
         });
         let app = axum::Router::new()
             .route("/v1/chat/completions", post(proxied))
@@ -110,6 +117,10 @@ impl Mock {
     }
     pub fn count(&self) -> usize {
         self.state.received.lock().len()
+    }
+    /// Lets `n` held requests answer.
+    pub fn release(&self, n: usize) {
+        self.state.release.add_permits(n);
     }
 }
 
@@ -201,7 +212,36 @@ async fn proxied(State(s): State<Arc<MockState>>, req: Request) -> Response {
             tokio::time::sleep(d).await;
             (StatusCode::OK, [("content-type", "application/json")], "{}").into_response()
         }
+        Mode::Held => {
+            if let Ok(p) = s.release.acquire().await {
+                p.forget();
+            }
+            (StatusCode::OK, [("content-type", "application/json")], "{}").into_response()
+        }
+        Mode::Flood { chunks, bytes } => flood(s.clone(), chunks, bytes),
     }
+}
+
+fn flood(s: Arc<MockState>, chunks: usize, bytes: usize) -> Response {
+    let guard = StreamGuard {
+        state: s,
+        done: false,
+    };
+    let event = Bytes::from(format!("data: {}\n\n", "x".repeat(bytes)));
+    let stream = futures::stream::unfold((0usize, guard), move |(i, guard)| {
+        let event = event.clone();
+        async move {
+            if i == chunks {
+                guard.finish();
+                return None;
+            }
+            Some((Ok::<_, std::io::Error>(event), (i + 1, guard)))
+        }
+    });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(stream))
+        .unwrap()
 }
 
 fn sse(s: Arc<MockState>, chunks: usize, delay: Duration, fail: bool) -> Response {
