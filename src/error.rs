@@ -280,13 +280,21 @@ mod tests {
     #[test]
     fn limit_errors_map_to_their_statuses_and_close() {
         let cases = [
-            (GatewayError::BodyTimeout { timeout_ms: 1 }, 408, Fault::Client),
+            (
+                GatewayError::BodyTimeout { timeout_ms: 1 },
+                408,
+                Fault::Client,
+            ),
             (
                 GatewayError::BodyBudgetExhausted { waited_ms: 1 },
                 503,
                 Fault::Gateway,
             ),
-            (GatewayError::TooManyConnections { max: 1 }, 503, Fault::Gateway),
+            (
+                GatewayError::TooManyConnections { max: 1 },
+                503,
+                Fault::Gateway,
+            ),
         ];
         for (e, status, fault) in cases {
             assert_eq!(e.fault(), fault, "{e}");

@@ -22,7 +22,8 @@
 //!   only; served thread-per-core ([`proxy::server`]): plain proxied `POST`s on kvgate's own
 //!   HTTP/1.1 loop ([`proxy::h1`]), any other request through hyper, with the proxied routes
 //!   going straight to the same handler and everything else through the axum router
-//!   ([`proxy::service`]).
+//!   ([`proxy::service`]); [`proxy::limits`] holds both paths to the same timeouts,
+//!   connection cap and in-flight body budget.
 //! - [`admin`] — `/health`, `/ready`, `/metrics`, `/v1/models`, `/admin/*`.
 //! - [`routing`] — the only caller of the routing core: prompt → block hashes → usable instances
 //!   offered to `kvgate_core::router::Router::route` (index match → policy decision → prediction +

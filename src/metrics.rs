@@ -166,7 +166,10 @@ fn build() -> Result<PrometheusHandle, String> {
         "Time to hash a prompt and choose an instance."
     );
     describe_counter!(DECISIONS, "Routing decisions by policy and reason.");
-    describe_gauge!(CONNECTIONS_OPEN, "Client connections open, as of the scrape.");
+    describe_gauge!(
+        CONNECTIONS_OPEN,
+        "Client connections open, as of the scrape."
+    );
     describe_counter!(
         CONNECTIONS_CLOSED,
         "Client connections closed because a limit was hit, by reason."

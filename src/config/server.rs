@@ -164,10 +164,14 @@ mod tests {
             ("idle_timeout_ms", |l| l.idle_timeout_ms = 3_600_001),
             ("write_timeout_ms", |l| l.write_timeout_ms = 0),
             ("tcp_keepalive_idle_ms", |l| l.tcp_keepalive_idle_ms = 0),
-            ("tcp_keepalive_interval_ms", |l| l.tcp_keepalive_interval_ms = 0),
+            ("tcp_keepalive_interval_ms", |l| {
+                l.tcp_keepalive_interval_ms = 0
+            }),
             ("body_budget_wait_ms", |l| l.body_budget_wait_ms = 0),
             ("max_connections", |l| l.max_connections = 0),
-            ("max_connections", |l| l.max_connections = MAX_CONNECTIONS + 1),
+            ("max_connections", |l| {
+                l.max_connections = MAX_CONNECTIONS + 1
+            }),
             ("body_budget_bytes", |l| l.body_budget_bytes = 0),
         ];
         for (key, set) in cases {

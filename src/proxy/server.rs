@@ -19,8 +19,8 @@ use super::h1;
 use super::limits::ConnectionPermit;
 use super::service::GatewayService;
 use crate::app::{self, AppState};
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use std::future::Future;
 use std::time::Duration;
@@ -154,12 +154,7 @@ async fn worker(
         let Ok(stream) = TcpStream::from_std(std) else {
             continue;
         };
-        tokio::spawn(h1::serve(
-            stream,
-            conns.clone(),
-            graceful.watcher(),
-            permit,
-        ));
+        tokio::spawn(h1::serve(stream, conns.clone(), graceful.watcher(), permit));
     }
     drop(conns);
     // Every connection holds a watcher until it ends, so this waits for all of them.

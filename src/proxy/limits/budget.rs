@@ -65,7 +65,11 @@ impl BodyBudget {
     }
 
     /// Adds `n` bytes to `reserved`, as [`Self::reserve`] does.
-    pub async fn grow<'a>(&'a self, reserved: &mut Reserved<'a>, n: usize) -> Result<(), GatewayError> {
+    pub async fn grow<'a>(
+        &'a self,
+        reserved: &mut Reserved<'a>,
+        n: usize,
+    ) -> Result<(), GatewayError> {
         let more = self.reserve(n).await?;
         reserved.merge(more);
         Ok(())
@@ -80,14 +84,14 @@ impl BodyBudget {
 mod tests {
     use super::*;
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn reservations_wait_then_fail_and_release_on_drop() {
-        let b = BodyBudget::new(100, Duration::from_millis(200));
+        let b = BodyBudget::new(100, Duration::from_millis(50));
         let a = b.reserve(80).await.unwrap();
         assert_eq!(b.in_flight(), 80);
         let e = b.reserve(30).await.unwrap_err();
         assert!(
-            matches!(e, GatewayError::BodyBudgetExhausted { waited_ms } if waited_ms >= 200),
+            matches!(e, GatewayError::BodyBudgetExhausted { waited_ms } if waited_ms >= 50),
             "{e}"
         );
         assert!(matches!(
