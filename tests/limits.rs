@@ -71,7 +71,8 @@ fn config(mock: &Mock) -> Config {
 /// The head of a `POST /v1/chat/completions` with a body of `len` bytes, framed for `path`
 /// (for hyper: the head and the one chunk's size line).
 fn head(path: Path, len: usize, extra: &str) -> String {
-    let start = "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n";
+    let start =
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n";
     match path {
         Path::H1 => format!("{start}{extra}content-length: {len}\r\n\r\n"),
         Path::Hyper => format!("{start}{extra}transfer-encoding: chunked\r\n\r\n{len:x}\r\n"),
@@ -143,7 +144,12 @@ fn parse(buf: &[u8]) -> Parsed {
         let headers: Vec<(String, String)> = resp
             .headers
             .iter()
-            .map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).into()))
+            .map(|h| {
+                (
+                    h.name.to_ascii_lowercase(),
+                    String::from_utf8_lossy(h.value).into(),
+                )
+            })
             .collect();
         at += n;
         if (100..200).contains(&status) {
@@ -157,7 +163,14 @@ fn parse(buf: &[u8]) -> Parsed {
                 return Parsed::Partial;
             }
             let body = rest[..len].to_vec();
-            return Parsed::Answer(Answer { status, headers, body }, at + len);
+            return Parsed::Answer(
+                Answer {
+                    status,
+                    headers,
+                    body,
+                },
+                at + len,
+            );
         }
         if get("transfer-encoding").as_deref() == Some("chunked") {
             let mut body = Vec::new();
@@ -175,11 +188,25 @@ fn parse(buf: &[u8]) -> Parsed {
                 body.extend_from_slice(&rest[i..i + size]);
                 i += size + 2;
                 if size == 0 {
-                    return Parsed::Answer(Answer { status, headers, body }, at + i);
+                    return Parsed::Answer(
+                        Answer {
+                            status,
+                            headers,
+                            body,
+                        },
+                        at + i,
+                    );
                 }
             }
         }
-        return Parsed::Answer(Answer { status, headers, body: Vec::new() }, at);
+        return Parsed::Answer(
+            Answer {
+                status,
+                headers,
+                body: Vec::new(),
+            },
+            at,
+        );
     }
 }
 
@@ -274,7 +301,10 @@ impl Conn {
         let mut chunk = [0u8; 1024];
         match timeout(limit + SLACK, self.s.read(&mut chunk)).await {
             Ok(Ok(0)) | Ok(Err(_)) => true,
-            Ok(Ok(n)) => panic!("unexpected bytes: {:?}", String::from_utf8_lossy(&chunk[..n])),
+            Ok(Ok(n)) => panic!(
+                "unexpected bytes: {:?}",
+                String::from_utf8_lossy(&chunk[..n])
+            ),
             Err(_) => false,
         }
     }
@@ -282,7 +312,11 @@ impl Conn {
 
 async fn header_trickle_is_cut(path: Path) {
     let mock = Mock::start("a").await;
-    let gw = Gateway::start(config(&mock)).await;
+    let mut cfg = config(&mock);
+    // Far beyond the bound below: hyper's own header timeout (idle + header) cannot be the one
+    // that acts.
+    cfg.server.limits.idle_timeout_ms = 10_000;
+    let gw = Gateway::start(cfg).await;
     let mut c = Conn::on(&gw, path).await;
     let req = request(path, CHAT);
     let started = Instant::now();
@@ -290,9 +324,19 @@ async fn header_trickle_is_cut(path: Path) {
     assert!(closed && answer.is_none(), "{path:?}: {answer:?}");
     assert!(sent < req.len(), "{path:?}: the whole head went out");
     let took = started.elapsed();
-    assert!(took >= Duration::from_millis(HEADER_MS), "{path:?}: cut after {took:?}");
-    assert!(took < Duration::from_millis(HEADER_MS) + SLACK, "{path:?}: {took:?}");
-    assert_eq!(mock.count(), 1, "{path:?}: only the first request went upstream");
+    assert!(
+        took >= Duration::from_millis(HEADER_MS),
+        "{path:?}: cut after {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(HEADER_MS) + SLACK,
+        "{path:?}: {took:?}"
+    );
+    assert_eq!(
+        mock.count(),
+        1,
+        "{path:?}: only the first request went upstream"
+    );
 }
 
 async fn body_trickle_gets_408(path: Path) {
@@ -300,8 +344,9 @@ async fn body_trickle_gets_408(path: Path) {
     let gw = Gateway::start(config(&mock)).await;
     let mut c = Conn::on(&gw, path).await;
     let body = chat_of(400, false);
-    c.send(&head(path, body.len(), "")).await;
+    // Before the head: the gateway's clock starts later.
     let started = Instant::now();
+    c.send(&head(path, body.len(), "")).await;
     let (answer, sent, _) = c.trickle(body.as_bytes()).await;
     let a = answer.unwrap_or_else(|| panic!("{path:?}: no answer"));
     assert!(sent < body.len());
@@ -309,7 +354,10 @@ async fn body_trickle_gets_408(path: Path) {
     assert_eq!(a.code(), "body_read_timeout");
     assert_eq!(a.header("connection"), Some("close"), "{path:?}");
     assert!(started.elapsed() >= Duration::from_millis(BODY_MS));
-    assert!(c.closed_quietly(Duration::ZERO).await, "{path:?}: kept open");
+    assert!(
+        c.closed_quietly(Duration::ZERO).await,
+        "{path:?}: kept open"
+    );
     assert_eq!(mock.count(), 1);
 }
 
@@ -318,12 +366,19 @@ async fn idle_connection_is_closed(path: Path) {
     let gw = Gateway::start(config(&mock)).await;
     // Accepted and never used: the idle timeout runs from accept.
     let mut fresh = Conn::connect(&gw).await;
-    let mut used = Conn::on(&gw, path).await;
+    // Before the first request: the idle wait starts after its answer.
     let started = Instant::now();
-    assert!(used.closed_quietly(Duration::from_millis(IDLE_MS)).await, "{path:?}");
+    let mut used = Conn::on(&gw, path).await;
+    assert!(
+        used.closed_quietly(Duration::from_millis(IDLE_MS)).await,
+        "{path:?}"
+    );
     let took = started.elapsed();
     // Longer than the header timeout: idle waits are not cut by it.
-    assert!(took >= Duration::from_millis(IDLE_MS), "{path:?}: closed after {took:?}");
+    assert!(
+        took >= Duration::from_millis(IDLE_MS),
+        "{path:?}: closed after {took:?}"
+    );
     assert!(fresh.closed_quietly(Duration::ZERO).await);
 }
 
@@ -343,19 +398,28 @@ async fn client_that_stops_reading_is_cut_and_upstream_cancelled(path: Path) {
         bytes: 4096,
     });
     c.send(&request(path, &chat_of(100, true))).await;
-    let dropped = || mock.state.streams_dropped.load(std::sync::atomic::Ordering::SeqCst);
+    let dropped = || {
+        mock.state
+            .streams_dropped
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
     assert!(
         eventually(10, || dropped() == 1).await,
         "{path:?}: the upstream stream was not cancelled"
     );
     assert_eq!(
-        mock.state.streams_completed.load(std::sync::atomic::Ordering::SeqCst),
+        mock.state
+            .streams_completed
+            .load(std::sync::atomic::Ordering::SeqCst),
         0
     );
     // What the client finally reads ends short of the stream's end.
     let mut got = Vec::new();
     let _ = timeout(SLACK, c.s.read_to_end(&mut got)).await;
-    assert!(!got.ends_with(b"0\r\n\r\n"), "{path:?}: the answer was complete");
+    assert!(
+        !got.ends_with(b"0\r\n\r\n"),
+        "{path:?}: the answer was complete"
+    );
 }
 
 async fn connection_cap_answers_503_fast(path: Path) {
@@ -372,12 +436,19 @@ async fn connection_cap_answers_503_fast(path: Path) {
     let started = Instant::now();
     let a = extra.exchange(&request(path, CHAT)).await;
     assert_eq!(a.status, 503, "{path:?}: {a:?}");
-    assert!(started.elapsed() < Duration::from_secs(1), "{path:?}: not fast");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{path:?}: not fast"
+    );
     assert_eq!(a.header("retry-after"), Some("1"));
     assert_eq!(a.code(), "too_many_connections");
     assert!(extra.closed_quietly(Duration::ZERO).await);
     for c in &mut served {
-        assert_eq!(c.exchange(&request(path, CHAT)).await.status, 200, "{path:?}");
+        assert_eq!(
+            c.exchange(&request(path, CHAT)).await.status,
+            200,
+            "{path:?}"
+        );
     }
     // A closed connection's place is free again.
     drop(served.pop());
@@ -409,7 +480,10 @@ async fn body_budget_answers_503_then_413(path: Path) {
     let started = Instant::now();
     let a = waiter.exchange(&request(path, &chat_of(300, false))).await;
     assert_eq!(a.status, 503, "{path:?}: {a:?}");
-    assert!(started.elapsed() >= Duration::from_millis(200), "{path:?}: did not wait");
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "{path:?}: did not wait"
+    );
     assert_eq!(a.header("retry-after"), Some("1"));
     assert_eq!(a.code(), "body_budget_exhausted");
     assert!(waiter.closed_quietly(Duration::ZERO).await, "{path:?}");
@@ -439,7 +513,10 @@ async fn complete_head_over_64_kib_gets_431(path: Path) {
     let (first, rest) = req.split_at(60 * 1024);
     c.send(first).await;
     c.send(rest).await;
-    let a = c.answer().await.unwrap_or_else(|| panic!("{path:?}: no answer"));
+    let a = c
+        .answer()
+        .await
+        .unwrap_or_else(|| panic!("{path:?}: no answer"));
     assert_eq!(a.status, 431, "{path:?}: {a:?}");
     assert_eq!(mock.count(), 1);
 }
@@ -455,6 +532,7 @@ async fn slow_clients_and_a_connect_flood_do_not_hurt_a_good_client() {
     let mock = Mock::start("a").await;
     let mut cfg = config(&mock);
     cfg.server.limits.header_read_timeout_ms = 500;
+    cfg.server.limits.idle_timeout_ms = 10_000;
     let gw = Gateway::start(cfg).await;
     let started = Instant::now();
     let addr = gw.addr;
@@ -505,7 +583,10 @@ async fn slow_clients_and_a_connect_flood_do_not_hurt_a_good_client() {
     for t in tricklers {
         let cut = t.await.unwrap().expect("a trickler was not cut");
         assert!(cut >= Duration::from_millis(500), "cut after {cut:?}");
-        assert!(cut < Duration::from_millis(500) + SLACK, "cut after {cut:?}");
+        assert!(
+            cut < Duration::from_millis(500) + SLACK,
+            "cut after {cut:?}"
+        );
     }
     assert!(started.elapsed() < Duration::from_secs(15));
     let metrics = gw.get_text("/metrics").await;
@@ -514,5 +595,8 @@ async fn slow_clients_and_a_connect_flood_do_not_hurt_a_good_client() {
         "{metrics}"
     );
     assert!(metrics.contains("kvgate_connections_open"), "{metrics}");
-    eprintln!("good client: p99 {p99:?}, max {:?}", latencies.last().unwrap());
+    eprintln!(
+        "good client: p99 {p99:?}, max {:?}",
+        latencies.last().unwrap()
+    );
 }

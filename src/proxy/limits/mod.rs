@@ -174,8 +174,10 @@ mod tests {
 
     #[test]
     fn the_body_limit_is_the_smaller_of_limit_and_budget() {
-        let mut c = ServerConfig::default();
-        c.body_limit_bytes = 100;
+        let mut c = ServerConfig {
+            body_limit_bytes: 100,
+            ..Default::default()
+        };
         assert_eq!(Limits::new(&c).body_limit, 100);
         c.limits.body_budget_bytes = 50;
         assert_eq!(Limits::new(&c).body_limit, 50);
