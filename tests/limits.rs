@@ -600,3 +600,31 @@ async fn slow_clients_and_a_connect_flood_do_not_hurt_a_good_client() {
         latencies.last().unwrap()
     );
 }
+
+/// HTTP/2 with prior knowledge (hyper's): a connection with no stream open closes after the
+/// idle timeout, not the header timeout, frames or not.
+#[tokio::test]
+async fn http2_connection_without_streams_closes_after_idle() {
+    let mock = Mock::start("a").await;
+    let gw = Gateway::start(config(&mock)).await;
+    let started = Instant::now();
+    let mut c = Conn::connect(&gw).await;
+    // The preface and an empty SETTINGS frame.
+    c.s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let read = timeout(
+        Duration::from_millis(IDLE_MS) + SLACK,
+        c.s.read_to_end(&mut got),
+    )
+    .await;
+    assert!(read.is_ok(), "still open");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(IDLE_MS),
+        "closed after {took:?}"
+    );
+    // hyper's SETTINGS frame came first: this was served as HTTP/2.
+    assert!(got.len() >= 9 && got[3] == 0x4, "{got:?}");
+}

@@ -204,6 +204,7 @@ async fn hand_off(
         header: limits.header,
         write: limits.write,
     };
+    // The loop hands off an HTTP/2 preface once its method is read, so these bytes are there.
     let h2 = read.starts_with(b"PRI ");
     let requests = Arc::new(Requests::default());
     let prefixed = Prefixed {
@@ -215,7 +216,8 @@ async fn hand_off(
         requests.clone(),
         deadlines,
         h2,
-        Some(deadline),
+        // HTTP/2 waits for its first stream under the idle timeout, as between streams.
+        (!h2).then_some(deadline),
     ));
     let service = Counted {
         inner: conns.service,
