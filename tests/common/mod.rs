@@ -1,6 +1,7 @@
 //! Test harness: in-process mock OpenAI instances and a gateway on an ephemeral port.
 //!
-//! Mocks record every request they receive (path, headers, raw body), answer JSON, SSE streams with
+//! Mocks record every request they receive (path, headers, raw body), answer JSON (at once, or when
+//! the test releases them), SSE streams (paced, or as fast as the client reads) with
 //! controllable delays or chosen error statuses on demand, toggle their `/health`, and notice when a
 //! stream they were sending is dropped (the client — the gateway — went away).
 #![allow(dead_code)]
