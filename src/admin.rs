@@ -4,6 +4,7 @@
 
 use crate::app::AppState;
 use crate::error::GatewayError;
+use crate::metrics;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -38,6 +39,7 @@ pub async fn metrics(State(s): State<AppState>) -> Response {
     for inst in s.fleet.instances() {
         inst.metrics.set_in_flight(load.snapshot(inst.id).in_flight);
     }
+    metrics::set_limits_usage(s.limits.open_connections(), s.limits.budget.in_flight());
     let mut r = s.metrics.render().into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -52,6 +52,8 @@ pub struct Shared {
     pub admission: crate::admission::Admission,
     /// The bounded pool that tokenizes large prompts off the serving threads.
     pub offload: crate::proxy::offload::Offload,
+    /// `[server.limits]` in force: deadlines, the connection cap, the body budget.
+    pub limits: proxy::limits::Limits,
 }
 
 impl Deref for AppState {
@@ -87,7 +89,9 @@ impl AppState {
         let offload = crate::proxy::offload::Offload::new(&config.routing.tokenize);
         let request_id_header = HeaderName::from_bytes(config.server.request_id_header.as_bytes())
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
+        let limits = proxy::limits::Limits::new(&config.server);
         Ok(AppState(Arc::new(Shared {
+            limits,
             config: Arc::new(config),
             fleet,
             routing,

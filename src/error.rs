@@ -54,6 +54,24 @@ pub enum GatewayError {
     /// The client's body could not be read (it hung up, bad framing).
     #[error("could not read the request body: {0}")]
     BodyRead(String),
+    /// The declared body did not arrive within `server.limits.body_read_timeout_ms`.
+    #[error("the request body did not arrive within {timeout_ms} ms")]
+    BodyTimeout {
+        /// The body read timeout.
+        timeout_ms: u64,
+    },
+    /// The in-flight body budget had no room for this body within the wait.
+    #[error("the gateway holds too many request bodies; retry shortly (waited {waited_ms} ms)")]
+    BodyBudgetExhausted {
+        /// How long the request waited for room.
+        waited_ms: u64,
+    },
+    /// `server.limits.max_connections` connections are open.
+    #[error("the gateway serves its maximum of {max} connections; retry shortly")]
+    TooManyConnections {
+        /// The cap.
+        max: usize,
+    },
     /// No pool serves this model.
     #[error("the model `{0}` does not exist")]
     UnknownModel(String),
@@ -126,6 +144,10 @@ impl GatewayError {
             | BodyRead(_) => StatusCode::BAD_REQUEST,
             UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            BodyBudgetExhausted { .. } | TooManyConnections { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             UnknownModel(_) | NotFound(_) => StatusCode::NOT_FOUND,
             NoHealthyInstance { .. } => StatusCode::SERVICE_UNAVAILABLE,
             UpstreamConnect { .. } | UpstreamProtocol { .. } => StatusCode::BAD_GATEWAY,
@@ -147,15 +169,19 @@ impl GatewayError {
             | InvalidField { .. }
             | PayloadTooLarge { .. }
             | BodyRead(_)
+            | BodyTimeout { .. }
             | UnknownModel(_)
             | ModelRequired
             | NotFound(_) => Fault::Client,
             UpstreamConnect { .. } | UpstreamTimeout { .. } | UpstreamProtocol { .. } => {
                 Fault::Upstream
             }
-            NoHealthyInstance { .. } | Internal(_) | Overloaded { .. } | TokenizerBusy { .. } => {
-                Fault::Gateway
-            }
+            NoHealthyInstance { .. }
+            | BodyBudgetExhausted { .. }
+            | TooManyConnections { .. }
+            | Internal(_)
+            | Overloaded { .. }
+            | TokenizerBusy { .. } => Fault::Gateway,
         }
     }
 
@@ -167,6 +193,19 @@ impl GatewayError {
                 | GatewayError::UpstreamConnect { .. }
                 | GatewayError::Overloaded { .. }
                 | GatewayError::TokenizerBusy { .. }
+                | GatewayError::BodyBudgetExhausted { .. }
+                | GatewayError::TooManyConnections { .. }
+        )
+    }
+
+    /// Whether the connection closes after this answer: the request's body was not (fully)
+    /// read, so the next bytes on it are not a request head.
+    pub fn closes_connection(&self) -> bool {
+        matches!(
+            self,
+            GatewayError::BodyTimeout { .. }
+                | GatewayError::BodyBudgetExhausted { .. }
+                | GatewayError::TooManyConnections { .. }
         )
     }
 
@@ -190,6 +229,9 @@ impl GatewayError {
             InvalidField { .. } => "invalid_field",
             PayloadTooLarge { .. } => "payload_too_large",
             BodyRead(_) => "body_read_failed",
+            BodyTimeout { .. } => "body_read_timeout",
+            BodyBudgetExhausted { .. } => "body_budget_exhausted",
+            TooManyConnections { .. } => "too_many_connections",
             UnknownModel(_) => "model_not_found",
             ModelRequired => "model_required",
             NoHealthyInstance { .. } => "no_healthy_instance",
@@ -248,6 +290,9 @@ impl IntoResponse for GatewayError {
             h.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_s));
             h.insert(X_REJECT_REASON, HeaderValue::from_static(reason));
         }
+        if self.closes_connection() {
+            h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         resp
     }
 }
@@ -283,6 +328,35 @@ mod tests {
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(r.headers()[header::RETRY_AFTER], "7");
         assert_eq!(r.headers()[X_REJECT_REASON], "queue_full");
+    }
+
+    #[test]
+    fn limit_errors_map_to_their_statuses_and_close() {
+        let cases = [
+            (
+                GatewayError::BodyTimeout { timeout_ms: 1 },
+                408,
+                Fault::Client,
+            ),
+            (
+                GatewayError::BodyBudgetExhausted { waited_ms: 1 },
+                503,
+                Fault::Gateway,
+            ),
+            (
+                GatewayError::TooManyConnections { max: 1 },
+                503,
+                Fault::Gateway,
+            ),
+        ];
+        for (e, status, fault) in cases {
+            assert_eq!(e.fault(), fault, "{e}");
+            assert!(e.closes_connection());
+            let r = e.into_response();
+            assert_eq!(r.status().as_u16(), status);
+            assert_eq!(r.headers()[header::CONNECTION], "close");
+            assert_eq!(r.headers().contains_key(header::RETRY_AFTER), status == 503);
+        }
     }
 
     #[test]

@@ -22,8 +22,9 @@
 //!   only; served thread-per-core ([`proxy::server`]): plain proxied `POST`s on kvgate's own
 //!   HTTP/1.1 loop ([`proxy::h1`]), any other request through hyper, with the proxied routes
 //!   going straight to the same handler and everything else through the axum router
-//!   ([`proxy::service`]); token-mode parsing and tokenizing of large bodies on a bounded set of
-//!   blocking threads ([`proxy::offload`]).
+//!   ([`proxy::service`]); [`proxy::limits`] holds both paths to the same timeouts,
+//!   connection cap and in-flight body budget; token-mode parsing and tokenizing of large bodies
+//!   run on a bounded set of blocking threads ([`proxy::offload`]).
 //! - [`admission`] — admission control: while every usable instance of a pool is saturated
 //!   (predicted time to first token over a bound, or in-flight requests at a capacity), requests
 //!   wait in the pool's queue (`kvgate_core::admission`: priority classes, token-fair tenant

@@ -46,6 +46,59 @@ pub const ADMISSION_QUEUE_DEPTH: &str = "kvgate_admission_queue_depth";
 pub const ADMISSION_REJECTIONS: &str = "kvgate_admission_rejections_total";
 /// Time admitted requests waited in their pool's admission queue, by pool.
 pub const ADMISSION_WAIT: &str = "kvgate_admission_queue_wait_seconds";
+/// Client connections open, as of the scrape.
+pub const CONNECTIONS_OPEN: &str = "kvgate_connections_open";
+/// Client connections the gateway closed because a limit was hit, by reason (one of
+/// [`CLOSE_REASONS`]).
+pub const CONNECTIONS_CLOSED: &str = "kvgate_connections_closed_total";
+/// Request body bytes held in the in-flight body budget, as of the scrape.
+pub const BODY_BUDGET_IN_FLIGHT: &str = "kvgate_body_budget_in_flight_bytes";
+
+/// Why the gateway closed a client connection (the label values of [`CONNECTIONS_CLOSED`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseReason {
+    /// A head was not complete within the header read timeout.
+    HeaderTimeout,
+    /// A declared body was not complete within the body read timeout.
+    BodyTimeout,
+    /// No request began within the idle timeout.
+    IdleTimeout,
+    /// The client stopped reading an answer for longer than the write timeout.
+    WriteTimeout,
+    /// Refused at accept: the connection cap was reached.
+    OverCapacity,
+    /// A body did not fit the in-flight body budget.
+    BodyBudget,
+}
+
+/// Every [`CloseReason`] label value.
+pub const CLOSE_REASONS: [&str; 6] = [
+    "header_timeout",
+    "body_timeout",
+    "idle_timeout",
+    "write_timeout",
+    "over_capacity",
+    "body_budget",
+];
+
+impl CloseReason {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        CLOSE_REASONS[self as usize]
+    }
+}
+
+/// A connection closed because a limit was hit (rare: the registry lookup is fine here).
+pub fn record_connection_closed(reason: CloseReason) {
+    counter!(CONNECTIONS_CLOSED, "reason" => reason.label()).increment(1);
+}
+
+/// Sets the connection and body-budget gauges. Set when `/metrics` is scraped, not moved per
+/// connection or request (see [`InstanceMetrics::set_in_flight`]).
+pub fn set_limits_usage(connections: usize, body_bytes: usize) {
+    gauge!(CONNECTIONS_OPEN).set(connections as f64);
+    gauge!(BODY_BUDGET_IN_FLIGHT).set(body_bytes as f64);
+}
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -138,6 +191,19 @@ fn build() -> Result<PrometheusHandle, String> {
         ADMISSION_WAIT,
         metrics::Unit::Seconds,
         "Time admitted requests waited in the pool's admission queue."
+    );
+    describe_gauge!(
+        CONNECTIONS_OPEN,
+        "Client connections open, as of the scrape."
+    );
+    describe_counter!(
+        CONNECTIONS_CLOSED,
+        "Client connections closed because a limit was hit, by reason."
+    );
+    describe_gauge!(
+        BODY_BUDGET_IN_FLIGHT,
+        metrics::Unit::Bytes,
+        "Request body bytes held in the in-flight body budget, as of the scrape."
     );
     Ok(handle)
 }

@@ -17,7 +17,7 @@ mod upstream;
 pub use admission::AdmissionConfig;
 pub use pools::{Flavour, InstanceConfig, PoolConfig, SimConfig};
 pub use routing::{HashMode, IndexSection, RoutingConfig, TokenizeSection};
-pub use server::{LogFormat, ServerConfig};
+pub use server::{LimitsConfig, LogFormat, ServerConfig};
 pub use upstream::{HealthConfig, LoadConfig, UpstreamConfig};
 
 use serde::{Deserialize, Serialize};
@@ -180,9 +180,14 @@ impl Config {
                 format!("`{}` is not a socket address like 127.0.0.1:8080", s.listen),
             ));
         }
-        if s.body_limit_bytes == 0 {
-            return Err(invalid("server.body_limit_bytes", "must be > 0"));
+        // Bodies are reserved in the in-flight body budget in one piece (at most u32::MAX).
+        if s.body_limit_bytes == 0 || s.body_limit_bytes > u32::MAX as usize {
+            return Err(invalid(
+                "server.body_limit_bytes",
+                "must be between 1 and 4294967295",
+            ));
         }
+        s.limits.validate()?;
         if http::HeaderName::from_bytes(s.request_id_header.as_bytes()).is_err() {
             return Err(invalid(
                 "server.request_id_header",

@@ -1,5 +1,7 @@
-//! `[server]`: the listening side of the gateway.
+//! `[server]`: the listening side of the gateway, and `[server.limits]`: what one client
+//! connection, and all of them together, may hold of the gateway (time, sockets, memory).
 
+use super::{invalid, ConfigError};
 use serde::{Deserialize, Serialize};
 
 /// How log lines are written.
@@ -42,6 +44,8 @@ pub struct ServerConfig {
     /// Threads serving client connections, each with its own single-threaded runtime and
     /// upstream connection pools; 0 = one per available core.
     pub threads: usize,
+    /// Timeouts, the connection cap, TCP keepalive and the in-flight body budget.
+    pub limits: LimitsConfig,
 }
 
 impl Default for ServerConfig {
@@ -54,6 +58,143 @@ impl Default for ServerConfig {
             log_filter: "info".to_string(),
             request_id_header: "x-request-id".to_string(),
             threads: 0,
+            limits: LimitsConfig::default(),
         }
+    }
+}
+
+/// `[server.limits]`: the same limits on both serving paths (kvgate's HTTP/1.1 loop and hyper).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// From the first byte of a request head to the complete head; a client trickling its head
+    /// is disconnected without an answer beyond it.
+    pub header_read_timeout_ms: u64,
+    /// From a complete head to the complete declared body; beyond it the client gets 408 and
+    /// the connection closes.
+    pub body_read_timeout_ms: u64,
+    /// From accepting a connection, or from the end of the previous answer, to the first byte of
+    /// the next request; the connection closes quietly beyond it.
+    pub idle_timeout_ms: u64,
+    /// Longest time an answer's bytes may wait for a client that stopped reading (its socket
+    /// buffer full); beyond it the connection is cut and the upstream request cancelled.
+    pub write_timeout_ms: u64,
+    /// Client connections open at once; the next one gets a fast 503 with `Retry-After`.
+    pub max_connections: usize,
+    /// TCP keepalive on accepted sockets: idle time before the first probe.
+    pub tcp_keepalive_idle_ms: u64,
+    /// TCP keepalive: time between unanswered probes.
+    pub tcp_keepalive_interval_ms: u64,
+    /// Request body bytes held in memory at once, across all connections. A request whose body
+    /// does not fit waits up to `body_budget_wait_ms`, then gets 503; one larger than the whole
+    /// budget gets 413.
+    pub body_budget_bytes: usize,
+    /// How long a request waits for room in the body budget before its 503.
+    pub body_budget_wait_ms: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
+            idle_timeout_ms: 60_000,
+            write_timeout_ms: 30_000,
+            max_connections: 10_000,
+            tcp_keepalive_idle_ms: 60_000,
+            tcp_keepalive_interval_ms: 10_000,
+            body_budget_bytes: 1 << 30,
+            body_budget_wait_ms: 1_000,
+        }
+    }
+}
+
+/// Most connections the cap may allow (a semaphore's permits, with room to spare).
+const MAX_CONNECTIONS: usize = 1 << 24;
+
+impl LimitsConfig {
+    /// Checks every value; the error names the offending key.
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        for (key, v) in [
+            ("header_read_timeout_ms", self.header_read_timeout_ms),
+            ("body_read_timeout_ms", self.body_read_timeout_ms),
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("write_timeout_ms", self.write_timeout_ms),
+            ("tcp_keepalive_idle_ms", self.tcp_keepalive_idle_ms),
+            ("tcp_keepalive_interval_ms", self.tcp_keepalive_interval_ms),
+            ("body_budget_wait_ms", self.body_budget_wait_ms),
+        ] {
+            // An hour bounds every one: a longer wait is no limit, and the sum of two stays far
+            // from overflowing a deadline.
+            if v == 0 || v > 3_600_000 {
+                return Err(invalid(
+                    format!("server.limits.{key}"),
+                    "must be between 1 and 3600000",
+                ));
+            }
+        }
+        if !(1..=MAX_CONNECTIONS).contains(&self.max_connections) {
+            return Err(invalid(
+                "server.limits.max_connections",
+                format!("must be between 1 and {MAX_CONNECTIONS}"),
+            ));
+        }
+        if self.body_budget_bytes == 0 {
+            return Err(invalid("server.limits.body_budget_bytes", "must be > 0"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        LimitsConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn each_bad_limit_names_its_key() {
+        type Set = fn(&mut LimitsConfig);
+        let cases: [(&str, Set); 10] = [
+            ("header_read_timeout_ms", |l| l.header_read_timeout_ms = 0),
+            ("body_read_timeout_ms", |l| l.body_read_timeout_ms = 0),
+            ("idle_timeout_ms", |l| l.idle_timeout_ms = 3_600_001),
+            ("write_timeout_ms", |l| l.write_timeout_ms = 0),
+            ("tcp_keepalive_idle_ms", |l| l.tcp_keepalive_idle_ms = 0),
+            ("tcp_keepalive_interval_ms", |l| {
+                l.tcp_keepalive_interval_ms = 0
+            }),
+            ("body_budget_wait_ms", |l| l.body_budget_wait_ms = 0),
+            ("max_connections", |l| l.max_connections = 0),
+            ("max_connections", |l| {
+                l.max_connections = MAX_CONNECTIONS + 1
+            }),
+            ("body_budget_bytes", |l| l.body_budget_bytes = 0),
+        ];
+        for (key, set) in cases {
+            let mut l = LimitsConfig::default();
+            set(&mut l);
+            let e = l.validate().unwrap_err().to_string();
+            assert!(e.contains(&format!("server.limits.{key}")), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn limits_parse_from_their_own_table() {
+        let c = crate::config::Config::from_toml_str(
+            "[server.limits]\nheader_read_timeout_ms = 5\nmax_connections = 7\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.server.limits.header_read_timeout_ms, 5);
+        assert_eq!(c.server.limits.max_connections, 7);
+        assert_eq!(c.server.limits.idle_timeout_ms, 60_000);
+        let e = crate::config::Config::from_toml_str("[server.limits]\nheader_ms = 5\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("header_ms"), "{e}");
     }
 }

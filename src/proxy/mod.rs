@@ -20,6 +20,7 @@ pub mod date;
 pub mod h1;
 pub mod headers;
 pub mod json;
+pub mod limits;
 pub mod offload;
 pub mod parse;
 pub mod reply;
@@ -85,7 +86,7 @@ where
         let (parts, body) = req.into_parts();
         headers::is_json(parts.headers.get(header::CONTENT_TYPE))
             .map_err(GatewayError::UnsupportedMediaType)?;
-        let limit = state.config.server.body_limit_bytes;
+        let limit = state.limits.body_limit;
         let declared = parts
             .headers
             .get(header::CONTENT_LENGTH)
@@ -94,7 +95,7 @@ where
         if declared.is_some_and(|n| n > limit as u64) {
             return Err(GatewayError::PayloadTooLarge { limit });
         }
-        let bytes = read_body(body, limit).await?;
+        let (bytes, reserved) = read_body(body, declared, &state.limits).await?;
         let mut up = parts.headers;
         headers::strip_hop_by_hop(&mut up);
         up.remove(&state.request_id_header);
@@ -103,7 +104,10 @@ where
             query: parts.uri.query(),
             body: bytes,
         };
-        forward(&state, endpoint, out, &rid, started).await
+        let forwarded = forward(&state, endpoint, out, &rid, started).await;
+        // The body was forwarded (or refused) and is dropped with the request.
+        drop(reserved);
+        forwarded
     }
     .await;
     answer(&state, endpoint, result, rid)
@@ -146,6 +150,12 @@ pub async fn handle_raw(state: &AppState, endpoint: Endpoint, req: RawRequest) -
     answer(state, endpoint, result, rid)
 }
 
+/// The answer to a request [`h1`] refuses before reading all of its body (a limit): the error's,
+/// counted and logged as every other.
+pub fn refusal(state: &AppState, endpoint: Endpoint, e: GatewayError) -> Reply {
+    answer(state, endpoint, Err(e), headers::request_id(None))
+}
+
 /// The reply to a request with id `rid`: the forwarded answer, or the error's, counted and
 /// logged.
 fn answer(
@@ -184,17 +194,68 @@ struct Upstream<'a> {
     body: Bytes,
 }
 
-async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, GatewayError>
+/// Reads a body under the limits: at most `limits.body_limit` bytes, within the body read
+/// timeout, reserved in the body budget before they are kept (the declared length up front,
+/// otherwise as frames arrive). The reservation is returned with the bytes.
+async fn read_body<'a, B>(
+    body: B,
+    declared: Option<u64>,
+    limits: &'a limits::Limits,
+) -> Result<(Bytes, limits::budget::Reserved<'a>), GatewayError>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(GatewayError::PayloadTooLarge { limit })
+    let limit = limits.body_limit;
+    // Within the limit: checked by the caller.
+    let mut reserved = limits
+        .budget
+        .reserve(declared.unwrap_or(0) as usize)
+        .await?;
+    let read = async {
+        let mut body = std::pin::pin!(Limited::new(body, limit));
+        let mut parts: Vec<Bytes> = Vec::new();
+        let mut len = 0usize;
+        while let Some(frame) = body.frame().await {
+            let data = match frame {
+                Ok(f) => match f.into_data() {
+                    Ok(d) => d,
+                    // Trailers carry nothing forwarded.
+                    Err(_) => continue,
+                },
+                Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                    return Err(GatewayError::PayloadTooLarge { limit })
+                }
+                Err(e) => return Err(GatewayError::BodyRead(e.to_string())),
+            };
+            len += data.len();
+            if len > reserved.num_permits() {
+                let more = len - reserved.num_permits();
+                limits.budget.grow(&mut reserved, more).await?;
+            }
+            parts.push(data);
         }
-        Err(e) => Err(GatewayError::BodyRead(e.to_string())),
+        Ok(match parts.len() {
+            0 => Bytes::new(),
+            1 => parts.swap_remove(0),
+            _ => {
+                let mut all = bytes::BytesMut::with_capacity(len);
+                for p in parts {
+                    all.extend_from_slice(&p);
+                }
+                all.freeze()
+            }
+        })
+    };
+    match tokio::time::timeout(limits.body, read).await {
+        Ok(Ok(bytes)) => Ok((bytes, reserved)),
+        Ok(Err(e)) => Err(e),
+        Err(_) => {
+            metrics::record_connection_closed(metrics::CloseReason::BodyTimeout);
+            Err(GatewayError::BodyTimeout {
+                timeout_ms: limits.body.as_millis() as u64,
+            })
+        }
     }
 }
 

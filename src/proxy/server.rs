@@ -9,14 +9,18 @@
 //! Invariants:
 //! - A connection is assigned to a worker once, round-robin at accept, and never migrates.
 //! - Background tasks and gossip run on the caller's runtime.
+//! - Every accepted connection takes a place under `server.limits.max_connections` before it is
+//!   handed to a worker, and holds it until it closes; beyond the cap it is answered a 503 on the
+//!   acceptor's runtime and closed (see [`super::limits`]).
 //! - Shutdown: the acceptor stops accepting, every worker drains its connections for up to
 //!   `server.shutdown_grace_ms`, then drops what is left; [`run`] returns once every worker exited.
 
 use super::h1;
+use super::limits::ConnectionPermit;
 use super::service::GatewayService;
 use crate::app::{self, AppState};
-use hyper_util::rt::TokioExecutor;
-use hyper_util::server::conn::auto;
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use std::future::Future;
 use std::time::Duration;
@@ -72,9 +76,13 @@ pub async fn run(
                     continue;
                 }
             };
-            let _ = stream.set_nodelay(true);
+            let Some(permit) = state.limits.admit() else {
+                state.limits.refuse(stream);
+                continue;
+            };
+            state.limits.configure(&stream);
             let Ok(std) = stream.into_std() else { continue };
-            if senders[next % threads].send(std).is_err() {
+            if senders[next % threads].send((std, permit)).is_err() {
                 tracing::warn!("serving thread {} is gone", next % threads);
             }
             next = next.wrapping_add(1);
@@ -104,7 +112,7 @@ pub async fn run(
 /// Each connection starts on kvgate's HTTP/1.1 loop ([`super::h1`]), which hands it to hyper
 /// (HTTP/1.1, or HTTP/2 with prior knowledge) at its first request that loop does not serve.
 async fn worker(
-    mut incoming: mpsc::UnboundedReceiver<std::net::TcpStream>,
+    mut incoming: mpsc::UnboundedReceiver<(std::net::TcpStream, ConnectionPermit)>,
     state: AppState,
     token: CancellationToken,
     grace: Duration,
@@ -115,13 +123,28 @@ async fn worker(
     // spurious `epoll_wait`) whenever a new timer is due before every pending one.
     let sweep = tokio::spawn(crate::client::deadline::sweep_forever());
     let graceful = GracefulShutdown::new();
+    let limits = &state.limits;
+    let mut http1 = http1::Builder::new();
+    // Without a timer hyper silently runs no header timeout. Its own runs from the end of the
+    // previous answer, so it would also cut idle connections: the connection's IO enforces the
+    // idle and header deadlines (see `limits::io`), and this one is a backstop at their sum.
+    // The head cap is kvgate's loop's, on complete heads (`max_header_size`) as on partial ones
+    // (`max_buf_size`), so that both answer 431 beyond it.
+    http1
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.idle + limits.header)
+        .max_header_size(h1::MAX_HEAD_BYTES)
+        .max_buf_size(h1::MAX_HEAD_BYTES);
+    let mut http2 = http2::Builder::new(TokioExecutor::new());
+    http2.timer(TokioTimer::new());
     let conns = h1::Connections {
-        service: GatewayService::new(state),
-        builder: auto::Builder::new(TokioExecutor::new()),
+        service: GatewayService::new(state.clone()),
+        http1,
+        http2,
         drain: token.clone(),
     };
     loop {
-        let std = tokio::select! {
+        let (std, permit) = tokio::select! {
             s = incoming.recv() => match s {
                 Some(s) => s,
                 None => break,
@@ -131,7 +154,7 @@ async fn worker(
         let Ok(stream) = TcpStream::from_std(std) else {
             continue;
         };
-        tokio::spawn(h1::serve(stream, conns.clone(), graceful.watcher()));
+        tokio::spawn(h1::serve(stream, conns.clone(), graceful.watcher(), permit));
     }
     drop(conns);
     // Every connection holds a watcher until it ends, so this waits for all of them.

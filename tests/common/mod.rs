@@ -1,6 +1,7 @@
 //! Test harness: in-process mock OpenAI instances and a gateway on an ephemeral port.
 //!
-//! Mocks record every request they receive (path, headers, raw body), answer JSON, SSE streams with
+//! Mocks record every request they receive (path, headers, raw body), answer JSON (at once, or when
+//! the test releases them), SSE streams (paced, or as fast as the client reads) with
 //! controllable delays or chosen error statuses on demand, toggle their `/health`, and notice when a
 //! stream they were sending is dropped (the client — the gateway — went away).
 #![allow(dead_code)]
@@ -33,6 +34,8 @@ pub enum Mode {
     Slow(Duration),
     /// Holds each request until [`Mock::release`] lets it go, then answers with JSON.
     Held,
+    /// SSE: up to `chunks` data events of `bytes` bytes each, sent as fast as the client reads.
+    Flood { chunks: usize, bytes: usize },
 }
 
 /// One request a mock received.
@@ -229,7 +232,30 @@ async fn proxied(State(s): State<Arc<MockState>>, req: Request) -> Response {
             )
                 .into_response()
         }
+        Mode::Flood { chunks, bytes } => flood(s.clone(), chunks, bytes),
     }
+}
+
+fn flood(s: Arc<MockState>, chunks: usize, bytes: usize) -> Response {
+    let guard = StreamGuard {
+        state: s,
+        done: false,
+    };
+    let event = Bytes::from(format!("data: {}\n\n", "x".repeat(bytes)));
+    let stream = futures::stream::unfold((0usize, guard), move |(i, guard)| {
+        let event = event.clone();
+        async move {
+            if i == chunks {
+                guard.finish();
+                return None;
+            }
+            Some((Ok::<_, std::io::Error>(event), (i + 1, guard)))
+        }
+    });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(stream))
+        .unwrap()
 }
 
 fn sse(s: Arc<MockState>, chunks: usize, delay: Duration, fail: bool) -> Response {

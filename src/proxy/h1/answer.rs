@@ -5,12 +5,14 @@
 //!   (none for 1xx/204/304); framing and connection fields from the reply never pass through.
 //! - What is ready is written together; nothing ready is waited for while something is pending,
 //!   so a streaming client gets the head, then each event, as soon as they exist.
+//! - A write that makes no progress for the write timeout fails with `TimedOut` (a client that
+//!   stopped reading); the caller closes the connection, dropping the body and the upstream
+//!   request with it.
 //! - While the body is awaited the client socket is watched: end of file or an error drops the
 //!   answer (and with it the upstream request); bytes that arrive are kept, up to
 //!   [`MAX_HEAD_BYTES`], beyond which the socket is not read until the answer ends.
 
 use super::{MAX_HEAD_BYTES, READ_RESERVE};
-use crate::client::write_all;
 use crate::proxy::body::GatewayBody;
 use crate::proxy::reply::Reply;
 use bytes::BytesMut;
@@ -18,20 +20,23 @@ use futures_util::FutureExt;
 use http::StatusCode;
 use http_body::Body;
 use http_body_util::BodyExt;
-use std::io;
+use std::io::{self, IoSlice};
+use std::time::Duration;
 use tokio::net::TcpStream;
 
 /// Data frames up to this size are copied behind the pending head or chunk prefix and sent with
 /// one write; larger ones are written from their own buffer.
 const COPY_BYTES: usize = 16 * 1024;
 
-/// Writes `reply` to `stream`, relaying its body frame by frame. `Err`: the client is gone or the
-/// body failed; the connection must close.
+/// Writes `reply` to `stream`, relaying its body frame by frame, each write stalling at most
+/// `stall`. `Err`: the client is gone or stopped reading, or the body failed; the connection
+/// must close.
 pub async fn write(
     stream: &mut TcpStream,
     pending: &mut BytesMut,
     reply: Reply,
     close: bool,
+    stall: Duration,
 ) -> io::Result<()> {
     let status = reply.status();
     let bodiless = status.is_informational()
@@ -62,7 +67,7 @@ pub async fn write(
         }
     };
     if bodiless {
-        return write_all(stream, &out, &[]).await;
+        return send(stream, &out, &[], stall).await;
     }
     let mut watching = true;
     loop {
@@ -72,7 +77,7 @@ pub async fn write(
             Some(f) => f,
             None => {
                 if !out.is_empty() {
-                    write_all(stream, &out, &[]).await?;
+                    send(stream, &out, &[], stall).await?;
                     out.clear();
                 }
                 tokio::select! {
@@ -106,7 +111,7 @@ pub async fn write(
         if data.len() <= COPY_BYTES {
             out.extend_from_slice(&data);
         } else {
-            write_all(stream, &out, &data).await?;
+            send(stream, &out, &data, stall).await?;
             out.clear();
         }
         if framing == Framing::Chunked {
@@ -120,7 +125,38 @@ pub async fn write(
         out.extend_from_slice(b"0\r\n\r\n");
     }
     if !out.is_empty() {
-        write_all(stream, &out, &[]).await?;
+        send(stream, &out, &[], stall).await?;
+    }
+    Ok(())
+}
+
+/// Writes `a` then `b`; fails with `TimedOut` when the socket accepts nothing for `stall`.
+async fn send(stream: &TcpStream, a: &[u8], b: &[u8], stall: Duration) -> io::Result<()> {
+    let (mut a, mut b) = (a, b);
+    while !a.is_empty() || !b.is_empty() {
+        let tried = if a.is_empty() {
+            stream.try_write(b)
+        } else if b.is_empty() {
+            stream.try_write(a)
+        } else {
+            stream.try_write_vectored(&[IoSlice::new(a), IoSlice::new(b)])
+        };
+        let n = match tried {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // The socket buffer is full: the timer exists only then.
+                match tokio::time::timeout(stall, stream.writable()).await {
+                    Ok(r) => r?,
+                    Err(_) => return Err(io::ErrorKind::TimedOut.into()),
+                }
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let from_a = n.min(a.len());
+        a = &a[from_a..];
+        b = &b[n - from_a..];
     }
     Ok(())
 }

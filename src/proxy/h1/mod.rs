@@ -20,20 +20,32 @@
 //!   answer, and so the upstream request; bytes that arrive (a pipelined request) are kept, up to
 //!   [`MAX_HEAD_BYTES`] beyond which the socket is no longer read until the answer ends.
 //! - Between requests a cancelled drain token closes the connection; a request under way finishes.
+//! - `[server.limits]` hold here as on hyper (see [`super::limits`]): idle and header deadlines
+//!   while waiting for a head, the body deadline and the body budget before a body is buffered
+//!   (both answer and close: the rest of the body is not read), the write deadline while
+//!   answering; a complete head beyond [`MAX_HEAD_BYTES`] is handed to hyper for its 431.
 
 mod answer;
 mod head;
 mod prefixed;
 
+use super::limits::io::{Counted, Deadlines, Guarded, Requests};
+use super::limits::{self, ConnectionPermit};
+use super::parse::Endpoint;
 use super::service::GatewayService;
+use crate::app::AppState;
+use crate::error::GatewayError;
+use crate::metrics::{self, CloseReason};
 use bytes::{Bytes, BytesMut};
 use head::Parsed;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::Watcher;
 use prefixed::Prefixed;
+use std::io;
+use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Most header fields in a request served here (hyper's default limit).
@@ -51,83 +63,177 @@ const BODY_READ_BYTES: usize = 64 * 1024;
 pub struct Connections {
     /// The service (its state for the proxied routes; the whole of it after a hand-off).
     pub service: GatewayService,
-    /// hyper's connection builder, for hand-offs.
-    pub builder: auto::Builder<TokioExecutor>,
+    /// hyper's HTTP/1 connection builder, for hand-offs.
+    pub http1: hyper::server::conn::http1::Builder,
+    /// hyper's HTTP/2 connection builder, for hand-offs of HTTP/2 with prior knowledge.
+    pub http2: hyper::server::conn::http2::Builder<TokioExecutor>,
     /// Cancelled when the server starts draining.
     pub drain: CancellationToken,
 }
 
 /// Serves `stream` until the client closes it, an error, a drain between requests, or a
 /// hand-off to hyper. `watcher` is held for the connection's whole life, so that graceful
-/// shutdown waits for it, and watches it once handed off.
-pub async fn serve(mut stream: TcpStream, conns: Connections, watcher: Watcher) {
+/// shutdown waits for it, and watches it once handed off; `permit`, its place under the
+/// connection cap, likewise.
+pub async fn serve(
+    mut stream: TcpStream,
+    conns: Connections,
+    watcher: Watcher,
+    permit: ConnectionPermit,
+) {
     let state = conns.service.state();
-    let limit = state.config.server.body_limit_bytes;
+    let limits = &state.limits;
+    let limit = limits.body_limit;
     let rid_name = state.request_id_header.clone();
     let mut buf = BytesMut::with_capacity(READ_RESERVE);
     loop {
+        // Until a request's first byte the idle timeout runs, from there the header timeout.
+        let mut idle = buf.is_empty();
+        let mut deadline = Instant::now() + if idle { limits.idle } else { limits.header };
         let head = loop {
             match head::parse(&buf, limit, rid_name.as_str().as_bytes()) {
-                Parsed::Serve(h) => break h,
-                Parsed::HandOff => return hand_off(stream, buf.freeze(), conns, watcher).await,
+                // A complete head beyond the cap goes to hyper too, which answers 431 for it
+                // as for a partial one.
+                Parsed::Serve(h) if h.len <= MAX_HEAD_BYTES => break h,
+                Parsed::Serve(_) | Parsed::HandOff => {
+                    return hand_off(stream, buf.freeze(), conns, watcher, permit, deadline).await
+                }
                 Parsed::Partial if buf.len() >= MAX_HEAD_BYTES => {
-                    return hand_off(stream, buf.freeze(), conns, watcher).await
+                    return hand_off(stream, buf.freeze(), conns, watcher, permit, deadline).await
                 }
                 Parsed::Partial => {}
             }
             buf.reserve(READ_RESERVE);
-            let read = if buf.is_empty() {
-                tokio::select! {
-                    biased;
-                    r = stream.read_buf(&mut buf) => r,
-                    _ = conns.drain.cancelled() => return,
+            let read = tokio::select! {
+                biased;
+                r = stream.read_buf(&mut buf) => r,
+                _ = conns.drain.cancelled(), if idle => return,
+                _ = tokio::time::sleep_until(deadline) => {
+                    metrics::record_connection_closed(if idle {
+                        CloseReason::IdleTimeout
+                    } else {
+                        CloseReason::HeaderTimeout
+                    });
+                    return;
                 }
-            } else {
-                stream.read_buf(&mut buf).await
             };
             match read {
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}
             }
+            if idle {
+                idle = false;
+                deadline = Instant::now() + limits.header;
+            }
+        };
+        let endpoint = head.endpoint;
+        // Room in the body budget before the body is buffered.
+        let reserved = match limits.budget.reserve(head.body_len).await {
+            Ok(r) => r,
+            Err(e) => return refuse(&mut stream, state, endpoint, e).await,
         };
         let total = head.len + head.body_len;
-        while buf.len() < total {
-            // Memory follows the bytes that arrive, not the length a client declares.
-            buf.reserve((total - buf.len()).min(BODY_READ_BYTES));
-            match stream.read_buf(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
+        if buf.len() < total {
+            let deadline = Instant::now() + limits.body;
+            while buf.len() < total {
+                // Memory follows the bytes that arrive, not the length a client declares.
+                buf.reserve((total - buf.len()).min(BODY_READ_BYTES));
+                let read = tokio::select! {
+                    biased;
+                    r = stream.read_buf(&mut buf) => r,
+                    _ = tokio::time::sleep_until(deadline) => {
+                        metrics::record_connection_closed(CloseReason::BodyTimeout);
+                        let e = GatewayError::BodyTimeout {
+                            timeout_ms: limits.body.as_millis() as u64,
+                        };
+                        return refuse(&mut stream, state, endpoint, e).await;
+                    }
+                };
+                match read {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
             }
         }
         let head_bytes = buf.split_to(head.len).freeze();
         let body = buf.split_to(head.body_len).freeze();
-        let endpoint = head.endpoint;
         let close = head.close;
         let req = head::request(head, head_bytes, body);
         let reply = super::handle_raw(conns.service.state(), endpoint, req).await;
+        // The body was forwarded (or refused) and is dropped with the request.
+        drop(reserved);
         let close = close || conns.drain.is_cancelled();
-        if answer::write(&mut stream, &mut buf, reply, close)
-            .await
-            .is_err()
-            || close
-        {
+        let written = answer::write(&mut stream, &mut buf, reply, close, limits.write).await;
+        if let Err(e) = &written {
+            if e.kind() == io::ErrorKind::TimedOut {
+                metrics::record_connection_closed(CloseReason::WriteTimeout);
+            }
+        }
+        if written.is_err() || close {
             let _ = stream.shutdown().await;
             return;
         }
     }
 }
 
-/// Gives the connection, with the bytes already read from it, to hyper.
-async fn hand_off(stream: TcpStream, read: Bytes, conns: Connections, watcher: Watcher) {
-    let io = TokioIo::new(Prefixed {
+/// Answers `e` to a request whose body is not (all) read, and closes the connection.
+async fn refuse(stream: &mut TcpStream, state: &AppState, endpoint: Endpoint, e: GatewayError) {
+    let reply = super::refusal(state, endpoint, e);
+    let mut kept = BytesMut::new();
+    if answer::write(stream, &mut kept, reply, true, state.limits.write)
+        .await
+        .is_ok()
+    {
+        limits::linger(stream).await;
+    }
+}
+
+/// Gives the connection, with the bytes already read from it (a head begun, whose header
+/// deadline is `deadline`), to hyper, under the same limits.
+async fn hand_off(
+    stream: TcpStream,
+    read: Bytes,
+    conns: Connections,
+    watcher: Watcher,
+    permit: ConnectionPermit,
+    deadline: Instant,
+) {
+    let limits = &conns.service.state().limits;
+    let deadlines = Deadlines {
+        idle: limits.idle,
+        header: limits.header,
+        write: limits.write,
+    };
+    // The loop hands off an HTTP/2 preface once its method is read, so these bytes are there.
+    let h2 = read.starts_with(b"PRI ");
+    let requests = Arc::new(Requests::default());
+    let prefixed = Prefixed {
         prefix: read,
         inner: stream,
-    });
-    let conn = conns
-        .builder
-        .serve_connection_with_upgrades(io, conns.service)
-        .into_owned();
-    if let Err(e) = watcher.watch(conn).await {
+    };
+    let io = TokioIo::new(Guarded::new(
+        prefixed,
+        requests.clone(),
+        deadlines,
+        h2,
+        // HTTP/2 waits for its first stream under the idle timeout, as between streams.
+        (!h2).then_some(deadline),
+    ));
+    let service = Counted {
+        inner: conns.service,
+        requests,
+    };
+    let ended = if h2 {
+        watcher
+            .watch(conns.http2.serve_connection(io, service))
+            .await
+    } else {
+        watcher
+            .watch(conns.http1.serve_connection(io, service))
+            .await
+    };
+    if let Err(e) = ended {
         tracing::debug!("connection ended with an error: {e}");
     }
+    drop(permit);
 }

@@ -1,0 +1,281 @@
+//! The limits on a connection hyper serves: a wrapper of its socket that enforces the idle,
+//! header and write deadlines, and a wrapper of its service that tells the socket when requests
+//! begin and end.
+//!
+//! Why in the IO: hyper's own `header_read_timeout` runs from the end of the previous answer, so
+//! it would cut idle keep-alive connections at the header timeout; here, as on kvgate's own
+//! loop, the idle timeout runs until a request's first byte and the header timeout from there.
+//! hyper's own timer is kept as a backstop at their sum.
+//!
+//! Invariants:
+//! - A wait for a request begins when no request is open and one ended since the last wait (or
+//!   at hand-off); it ends when a request is dispatched. Only reads during a wait have a
+//!   deadline: while a request is open its body has the handler's body timeout and its answer
+//!   may take as long as the upstream does.
+//! - HTTP/2: only the idle timeout applies (any frame may arrive between streams, and a head is
+//!   one frame); the wait is for the next stream.
+//! - A read or write that fails a deadline returns `TimedOut`, which ends hyper's connection.
+
+use crate::metrics::{self, CloseReason};
+use crate::proxy::body::GatewayBody;
+use crate::proxy::service::GatewayService;
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use pin_project_lite::pin_project;
+use std::convert::Infallible;
+use std::future::Future;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+/// Requests of one connection: dispatched and finished (answer body done or dropped).
+#[derive(Default)]
+pub struct Requests {
+    started: AtomicUsize,
+    ended: AtomicUsize,
+}
+
+/// Counts a request open until dropped.
+struct Open(Arc<Requests>);
+
+impl Open {
+    fn new(r: &Arc<Requests>) -> Self {
+        r.started.fetch_add(1, Ordering::Relaxed);
+        Open(r.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.ended.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The deadlines a [`Guarded`] enforces.
+#[derive(Clone, Copy)]
+pub struct Deadlines {
+    /// Idle: wait start to first byte.
+    pub idle: Duration,
+    /// First byte to dispatch.
+    pub header: Duration,
+    /// Longest write stall.
+    pub write: Duration,
+}
+
+/// A wait for the next request.
+struct Wait {
+    deadline: Instant,
+    /// A byte of the head arrived (the deadline is the header one).
+    begun: bool,
+}
+
+/// A connection's IO with the idle, header and write deadlines.
+pub struct Guarded<T> {
+    inner: T,
+    requests: Arc<Requests>,
+    limits: Deadlines,
+    /// HTTP/2 with prior knowledge: no header deadline.
+    h2: bool,
+    /// `ended` when the current wait began.
+    seen_ended: usize,
+    wait: Option<Wait>,
+    read_timer: Option<Pin<Box<Sleep>>>,
+    write_timer: Option<Pin<Box<Sleep>>>,
+    /// A write is pending since the write timer was set.
+    stalled: bool,
+}
+
+impl<T> Guarded<T> {
+    /// Guards `inner`, whose requests `requests` counts. `head_deadline`: the header deadline of
+    /// a head already begun before the hand-off.
+    pub fn new(
+        inner: T,
+        requests: Arc<Requests>,
+        limits: Deadlines,
+        h2: bool,
+        head_deadline: Option<Instant>,
+    ) -> Self {
+        Self {
+            inner,
+            requests,
+            limits,
+            h2,
+            seen_ended: 0,
+            wait: head_deadline.map(|deadline| Wait {
+                deadline,
+                begun: true,
+            }),
+            read_timer: None,
+            write_timer: None,
+            stalled: false,
+        }
+    }
+
+    /// Updates the wait from the request counts.
+    fn track(&mut self) {
+        let started = self.requests.started.load(Ordering::Relaxed);
+        let ended = self.requests.ended.load(Ordering::Relaxed);
+        if started != ended {
+            self.wait = None;
+        } else if self.wait.is_none() || ended != self.seen_ended {
+            self.seen_ended = ended;
+            self.wait = Some(Wait {
+                deadline: Instant::now() + self.limits.idle,
+                begun: false,
+            });
+        }
+    }
+
+    /// A write returned `r`: a pending one starts or continues a stall.
+    fn stall<R>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<R>>) -> Poll<io::Result<R>> {
+        if r.is_ready() {
+            self.stalled = false;
+            return r;
+        }
+        let deadline = Instant::now() + self.limits.write;
+        let timer = self
+            .write_timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if !self.stalled {
+            self.stalled = true;
+            timer.as_mut().reset(deadline);
+        }
+        if timer.as_mut().poll(cx).is_ready() {
+            metrics::record_connection_closed(CloseReason::WriteTimeout);
+            return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+        }
+        Poll::Pending
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Guarded<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        this.track();
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if let Some(w) = this.wait.as_mut() {
+                    if !w.begun && !this.h2 && buf.filled().len() > before {
+                        w.begun = true;
+                        w.deadline = Instant::now() + this.limits.header;
+                    }
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                let Some(w) = &this.wait else {
+                    return Poll::Pending;
+                };
+                let deadline = w.deadline;
+                let reason = if w.begun {
+                    CloseReason::HeaderTimeout
+                } else {
+                    CloseReason::IdleTimeout
+                };
+                let timer = this
+                    .read_timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if timer.deadline() != deadline {
+                    timer.as_mut().reset(deadline);
+                }
+                ready!(timer.as_mut().poll(cx));
+                metrics::record_connection_closed(reason);
+                Poll::Ready(Err(io::ErrorKind::TimedOut.into()))
+            }
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.stall(cx, r)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.stall(cx, r)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let r = Pin::new(&mut self.inner).poll_flush(cx);
+        self.stall(cx, r)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// [`GatewayService`] counting its requests for the connection's [`Guarded`] IO.
+#[derive(Clone)]
+pub struct Counted {
+    /// The service.
+    pub inner: GatewayService,
+    /// The connection's requests.
+    pub requests: Arc<Requests>,
+}
+
+type Answer = Pin<Box<dyn Future<Output = Result<Response<CountedBody>, Infallible>> + Send>>;
+
+impl hyper::service::Service<Request<Incoming>> for Counted {
+    type Response = Response<CountedBody>;
+    type Error = Infallible;
+    type Future = Answer;
+
+    fn call(&self, req: Request<Incoming>) -> Answer {
+        let open = Open::new(&self.requests);
+        let answer = self.inner.call(req);
+        Box::pin(async move {
+            let resp = answer.await?;
+            Ok(resp.map(|body| CountedBody { body, _open: open }))
+        })
+    }
+}
+
+pin_project! {
+    /// An answer's body; its request stays open until it is done or dropped.
+    pub struct CountedBody {
+        #[pin]
+        body: GatewayBody,
+        _open: Open,
+    }
+}
+
+impl Body for CountedBody {
+    type Data = Bytes;
+    type Error = <GatewayBody as Body>::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.project().body.poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
