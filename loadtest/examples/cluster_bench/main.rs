@@ -283,6 +283,17 @@ async fn run_config(a: &Args, name: &str) -> anyhow::Result<Outcome> {
         cpu_secs(),
         counters.latency_us.load(Ordering::Relaxed),
     );
+    let quality = |c: &driver::Counters| {
+        [
+            c.cross_follow_ups.load(Ordering::Relaxed),
+            c.cross_same_instance.load(Ordering::Relaxed),
+            c.follow_ups.load(Ordering::Relaxed),
+            c.same_instance.load(Ordering::Relaxed),
+            c.prompt_tokens.load(Ordering::Relaxed),
+            c.cached_tokens.load(Ordering::Relaxed),
+        ]
+    };
+    let quality0 = quality(&counters);
     let mut spread = Spread::default();
     let end = t0 + warm + measure;
     let mut tick = tokio::time::interval(probe::SPREAD_EVERY);
@@ -292,6 +303,12 @@ async fn run_config(a: &Args, name: &str) -> anyhow::Result<Outcome> {
     }
     let secs = measure.as_secs_f64();
     let ok = counters.ok.load(Ordering::Relaxed) - ok0;
+    // Routing quality over the measured window only: neither the warm-up nor the restart.
+    let q: Vec<u64> = quality(&counters)
+        .iter()
+        .zip(quality0)
+        .map(|(now, before)| now - before)
+        .collect();
     let mut out = Outcome {
         name: if gossip {
             format!("{n} replicas, gossip")
@@ -306,6 +323,12 @@ async fn run_config(a: &Args, name: &str) -> anyhow::Result<Outcome> {
             / 1e3
             / ok.max(1) as f64,
         mean_in_flight: spread.mean_in_flight(),
+        cross_follow_ups: q[0],
+        cross_same: q[1],
+        follow_ups: q[2],
+        same: q[3],
+        prompt_tokens: q[4],
+        cached_tokens: q[5],
         ..Outcome::default()
     };
     for (r, (o0, i0)) in replicas.iter().zip(&bytes0) {
@@ -356,12 +379,6 @@ async fn run_config(a: &Args, name: &str) -> anyhow::Result<Outcome> {
     load.await.context("load task")?;
     out.failed = counters.failed.load(Ordering::Relaxed);
     out.shed = counters.shed.load(Ordering::Relaxed);
-    out.cross_follow_ups = counters.cross_follow_ups.load(Ordering::Relaxed);
-    out.cross_same = counters.cross_same_instance.load(Ordering::Relaxed);
-    out.follow_ups = counters.follow_ups.load(Ordering::Relaxed);
-    out.same = counters.same_instance.load(Ordering::Relaxed);
-    out.prompt_tokens = counters.prompt_tokens.load(Ordering::Relaxed);
-    out.cached_tokens = counters.cached_tokens.load(Ordering::Relaxed);
     let conv = probe_task.await.context("probe task")?;
     if gossip {
         out.conv = Some(conv);
