@@ -53,6 +53,10 @@ pub struct Counters {
     pub prompt_tokens: AtomicU64,
     /// Of those, served from their prefix cache (`usage.prompt_tokens_details.cached_tokens`).
     pub cached_tokens: AtomicU64,
+    /// Prompt tokens of follow-up turns.
+    pub follow_up_prompt_tokens: AtomicU64,
+    /// Of those, served from the prefix cache.
+    pub follow_up_cached_tokens: AtomicU64,
     /// Sum of response latencies, µs.
     pub latency_us: AtomicU64,
 }
@@ -172,6 +176,14 @@ pub async fn run(
                     if let Some((prompt, cached)) = usage(&body) {
                         counters.prompt_tokens.fetch_add(prompt, Ordering::Relaxed);
                         counters.cached_tokens.fetch_add(cached, Ordering::Relaxed);
+                        if req.previous.is_some() {
+                            counters
+                                .follow_up_prompt_tokens
+                                .fetch_add(prompt, Ordering::Relaxed);
+                            counters
+                                .follow_up_cached_tokens
+                                .fetch_add(cached, Ordering::Relaxed);
+                        }
                     }
                     if let Some((prev, _)) = &req.previous {
                         counters.follow_ups.fetch_add(1, Ordering::Relaxed);

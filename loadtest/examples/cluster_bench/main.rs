@@ -173,6 +173,8 @@ struct Outcome {
     same: u64,
     prompt_tokens: u64,
     cached_tokens: u64,
+    follow_up_prompt_tokens: u64,
+    follow_up_cached_tokens: u64,
 }
 
 fn light_service(a: &Args) -> Duration {
@@ -291,6 +293,8 @@ async fn run_config(a: &Args, name: &str) -> anyhow::Result<Outcome> {
             c.same_instance.load(Ordering::Relaxed),
             c.prompt_tokens.load(Ordering::Relaxed),
             c.cached_tokens.load(Ordering::Relaxed),
+            c.follow_up_prompt_tokens.load(Ordering::Relaxed),
+            c.follow_up_cached_tokens.load(Ordering::Relaxed),
         ]
     };
     let quality0 = quality(&counters);
@@ -329,6 +333,8 @@ async fn run_config(a: &Args, name: &str) -> anyhow::Result<Outcome> {
         same: q[3],
         prompt_tokens: q[4],
         cached_tokens: q[5],
+        follow_up_prompt_tokens: q[6],
+        follow_up_cached_tokens: q[7],
         ..Outcome::default()
     };
     for (r, (o0, i0)) in replicas.iter().zip(&bytes0) {
@@ -412,7 +418,7 @@ fn print(a: &Args, outs: &mut [Outcome]) {
         "\n{engines}, {:.0} req/s offered, ~{}-token prompts (token ids, max_tokens 1), {} s measured, checkpoint stride {}, forget_dead_peer_placements = {}\n",
         a.rate, a.prompt_tokens, a.secs, a.stride, !a.keep_dead_placements
     );
-    println!("| configuration | achieved req/s | failed / shed | mean latency | process CPU | in-flight per instance (mean) | max/mean in-flight (mean of samples, p99) | time-avg max/mean | cross-replica follow-ups on the previous instance | all follow-ups on the previous instance | engine prefix-cache hit ratio |");
+    println!("| configuration | achieved req/s | failed / shed | mean latency | process CPU | in-flight per instance (mean) | max/mean in-flight (mean of samples, p99) | time-avg max/mean | cross-replica follow-ups on the previous instance | all follow-ups on the previous instance | engine prefix-cache hit ratio (all; follow-up turns) |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for o in outs.iter() {
         println!(
@@ -437,7 +443,11 @@ fn print(a: &Args, outs: &mut [Outcome]) {
                 "–".into()
             },
             share(o.same, o.follow_ups),
-            share(o.cached_tokens, o.prompt_tokens),
+            format!(
+                "{}; {}",
+                share(o.cached_tokens, o.prompt_tokens),
+                share(o.follow_up_cached_tokens, o.follow_up_prompt_tokens)
+            ),
         );
     }
     for o in outs.iter_mut() {
