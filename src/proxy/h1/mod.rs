@@ -22,7 +22,7 @@
 //! - Between requests a cancelled drain token closes the connection; a request under way finishes.
 
 mod answer;
-mod head;
+pub mod head;
 mod prefixed;
 
 use super::service::GatewayService;
