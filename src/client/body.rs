@@ -8,10 +8,12 @@
 //!   tells the engine that the client is gone.
 //! - Chunk-size lines and trailers are bounded ([`MAX_LINE_BYTES`], [`MAX_TRAILER_BYTES`]); a
 //!   malformed or truncated body is an error, never a panic.
+//! - Framing is decoded by [`Decoder`], which does no I/O: the same bytes decode the same way
+//!   however the reads split them (fuzzed in `fuzz/fuzz_targets/chunked_body.rs`).
 
 use super::pool::Conn;
 use super::wire::Framing;
-use bytes::{Buf, Bytes};
+use bytes::{Buf, Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -58,32 +60,28 @@ enum State {
 }
 
 /// What one decoding step found in the buffer.
-enum Step {
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Body bytes, passed on as they are.
     Data(Bytes),
+    /// The buffer holds no complete next unit: read more.
     NeedMore,
+    /// Framing bytes were consumed: step again.
     Again,
+    /// The body ended where its framing says.
     End,
 }
 
-/// A response body read from an upstream connection.
-pub struct UpstreamBody {
-    conn: Option<Conn>,
+/// The framing state machine over a read buffer, without I/O: what [`UpstreamBody`] runs over its
+/// connection's buffer, and what the fuzz targets run over arbitrary splits of a body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decoder {
     state: State,
-    reusable: bool,
 }
 
-impl std::fmt::Debug for UpstreamBody {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamBody")
-            .field("state", &self.state)
-            .field("reusable", &self.reusable)
-            .finish_non_exhaustive()
-    }
-}
-
-impl UpstreamBody {
-    /// The body following a response head on `conn` (its buffer holds any bytes already read).
-    pub(super) fn new(conn: Conn, framing: Framing, reusable: bool) -> Self {
+impl Decoder {
+    /// A decoder for a body framed as `framing`.
+    pub fn new(framing: Framing) -> Self {
         let state = match framing {
             Framing::Empty | Framing::Length(0) => State::Done,
             Framing::Length(n) => State::Data {
@@ -93,42 +91,25 @@ impl UpstreamBody {
             Framing::Chunked => State::ChunkSize,
             Framing::UntilClose => State::UntilClose,
         };
-        let mut body = Self {
-            conn: Some(conn),
-            state,
-            reusable,
-        };
-        if state == State::Done {
-            body.finish();
-        }
-        body
+        Self { state }
     }
 
-    /// A body with no bytes and no connection.
-    pub fn empty() -> Self {
-        Self {
-            conn: None,
-            state: State::Done,
-            reusable: false,
-        }
+    /// The body ended (or failed): nothing more is decoded.
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
     }
 
-    /// The body ended where its framing says: park the connection if it may be reused.
-    fn finish(&mut self) {
+    /// The body ends only when the server closes the connection.
+    pub fn until_close(&self) -> bool {
+        self.state == State::UntilClose
+    }
+
+    fn stop(&mut self) {
         self.state = State::Done;
-        if let Some(conn) = self.conn.take() {
-            if self.reusable {
-                conn.park();
-            }
-        }
     }
 
-    /// Decodes what the buffer holds.
-    fn step(&mut self) -> Result<Step, BodyError> {
-        let Some(conn) = self.conn.as_mut() else {
-            return Ok(Step::End);
-        };
-        let buf = &mut conn.buf;
+    /// Decodes what `buf` holds, consuming what it decodes.
+    pub fn step(&mut self, buf: &mut BytesMut) -> Result<Step, BodyError> {
         match self.state {
             State::Done => Ok(Step::End),
             State::UntilClose => {
@@ -191,6 +172,7 @@ impl UpstreamBody {
                 };
                 buf.advance(end + 2);
                 if end == 0 {
+                    self.state = State::Done;
                     return Ok(Step::End);
                 }
                 self.state = State::Trailers {
@@ -202,12 +184,73 @@ impl UpstreamBody {
     }
 }
 
+/// A response body read from an upstream connection.
+pub struct UpstreamBody {
+    conn: Option<Conn>,
+    decoder: Decoder,
+    reusable: bool,
+}
+
+impl std::fmt::Debug for UpstreamBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamBody")
+            .field("decoder", &self.decoder)
+            .field("reusable", &self.reusable)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UpstreamBody {
+    /// The body following a response head on `conn` (its buffer holds any bytes already read).
+    pub(super) fn new(conn: Conn, framing: Framing, reusable: bool) -> Self {
+        let decoder = Decoder::new(framing);
+        let mut body = Self {
+            conn: Some(conn),
+            decoder,
+            reusable,
+        };
+        if decoder.is_done() {
+            body.finish();
+        }
+        body
+    }
+
+    /// A body with no bytes and no connection.
+    pub fn empty() -> Self {
+        Self {
+            conn: None,
+            decoder: Decoder { state: State::Done },
+            reusable: false,
+        }
+    }
+
+    /// The body ended where its framing says: park the connection if it may be reused.
+    fn finish(&mut self) {
+        self.decoder.stop();
+        if let Some(conn) = self.conn.take() {
+            if self.reusable {
+                conn.park();
+            }
+        }
+    }
+
+    /// Decodes what the buffer holds.
+    fn step(&mut self) -> Result<Step, BodyError> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(Step::End);
+        };
+        self.decoder.step(&mut conn.buf)
+    }
+}
+
 /// Position of the first CRLF in `buf`, if within `limit` bytes.
 fn find_crlf(buf: &[u8], limit: usize) -> Result<Option<usize>, BodyError> {
     match buf.windows(2).position(|w| w == b"\r\n") {
         Some(i) if i <= limit => Ok(Some(i)),
         Some(_) => Err(BodyError::Chunked("line too long")),
-        None if buf.len() > limit => Err(BodyError::Chunked("line too long")),
+        // A CRLF may still start at `limit` when the buffer's last byte is its CR: only a longer
+        // buffer proves the line too long, however the reads split it.
+        None if buf.len() > limit + 1 => Err(BodyError::Chunked("line too long")),
         None => Ok(None),
     }
 }
@@ -242,14 +285,14 @@ impl Body for UpstreamBody {
             let step = match self.step() {
                 Ok(s) => s,
                 Err(e) => {
-                    self.state = State::Done;
+                    self.decoder.stop();
                     self.conn = None;
                     return Poll::Ready(Some(Err(e)));
                 }
             };
             match step {
                 Step::Data(data) => {
-                    if self.state == State::Done {
+                    if self.decoder.is_done() {
                         self.finish();
                     }
                     return Poll::Ready(Some(Ok(Frame::data(data))));
@@ -273,19 +316,19 @@ impl Body for UpstreamBody {
                 &mut conn.buf
             ));
             match read {
-                Ok(0) if self.state == State::UntilClose => {
-                    self.state = State::Done;
+                Ok(0) if self.decoder.until_close() => {
+                    self.decoder.stop();
                     self.conn = None;
                     return Poll::Ready(None);
                 }
                 Ok(0) => {
-                    self.state = State::Done;
+                    self.decoder.stop();
                     self.conn = None;
                     return Poll::Ready(Some(Err(BodyError::Truncated)));
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    self.state = State::Done;
+                    self.decoder.stop();
                     self.conn = None;
                     return Poll::Ready(Some(Err(BodyError::Io(e))));
                 }
@@ -294,11 +337,11 @@ impl Body for UpstreamBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.state == State::Done
+        self.decoder.is_done()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.state {
+        match self.decoder.state {
             State::Done => SizeHint::with_exact(0),
             State::Data {
                 remaining,
@@ -397,6 +440,60 @@ mod tests {
         let long: &'static [u8] = Box::leak(vec![b'1'; MAX_LINE_BYTES + 10].into_boxed_slice());
         let (_, err) = frames(body(Framing::Chunked, vec![long], false).await).await;
         assert!(err.unwrap().contains("too long"));
+    }
+
+    /// Decodes `body` fed in two reads cut at `cut`: the data, and whether it ended.
+    fn decode_cut(body: &[u8], cut: usize) -> Result<(Vec<u8>, bool), BodyError> {
+        let mut d = Decoder::new(Framing::Chunked);
+        let mut buf = BytesMut::from(&body[..cut]);
+        let mut rest = Some(&body[cut..]);
+        let mut data = Vec::new();
+        for _ in 0..100 {
+            match d.step(&mut buf)? {
+                Step::Data(b) => data.extend_from_slice(&b),
+                Step::Again => {}
+                Step::End => return Ok((data, true)),
+                Step::NeedMore => match rest.take() {
+                    Some(r) => buf.extend_from_slice(r),
+                    None => return Ok((data, false)),
+                },
+            }
+        }
+        panic!("no progress");
+    }
+
+    #[test]
+    fn lines_at_the_limit_decode_however_their_crlf_is_split() {
+        // A chunk-size line (size, then an extension) and a trailer line of exactly the limit.
+        let mut line = b"5;".to_vec();
+        line.resize(MAX_LINE_BYTES, b'x');
+        let mut trailer = b"t: ".to_vec();
+        trailer.resize(MAX_TRAILER_BYTES, b'y');
+        let cases = [
+            (
+                [&line[..], b"\r\nhello\r\n0\r\n\r\n"].concat(),
+                0,
+                MAX_LINE_BYTES,
+            ),
+            (
+                [b"5\r\nhello\r\n0\r\n", &trailer[..], b"\r\n\r\n"].concat(),
+                13,
+                MAX_TRAILER_BYTES,
+            ),
+        ];
+        for (body, line_at, line_len) in cases {
+            // The first read ends just after the long line's CR.
+            let cr_at_end = line_at + line_len + 1;
+            for cut in [cr_at_end, cr_at_end - 1, body.len()] {
+                let got = decode_cut(&body, cut).map_err(|e| e.to_string());
+                assert_eq!(got, Ok((b"hello".to_vec(), true)), "cut at {cut}");
+            }
+            // One byte longer is too long, split or not.
+            let mut long = body.clone();
+            long.insert(line_at + 3, b'z');
+            assert!(decode_cut(&long, cr_at_end + 1).is_err());
+            assert!(decode_cut(&long, long.len()).is_err());
+        }
     }
 
     #[test]

@@ -292,9 +292,7 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
             let name = h.name.as_bytes();
             let value = h.value;
             if name.eq_ignore_ascii_case(b"content-length") {
-                let n = std::str::from_utf8(value)
-                    .ok()
-                    .and_then(|v| v.trim().parse::<u64>().ok())
+                let n = content_length(value)
                     .ok_or_else(|| WireError::Invalid("content-length".into()))?;
                 if length.is_some_and(|l| l != n) {
                     return Err(WireError::Invalid("conflicting content-length".into()));
@@ -370,6 +368,16 @@ pub fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, W
     }))
 }
 
+/// A `Content-Length` value: `1*DIGIT` (RFC 9110 §8.6) between optional blanks. Not
+/// `str::parse`, which also takes a leading `+`.
+fn content_length(value: &[u8]) -> Option<u64> {
+    let digits = value.trim_ascii();
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,6 +388,22 @@ mod tests {
 
     fn parse(s: &str) -> Head {
         head(s.as_bytes(), &Method::POST).unwrap().unwrap()
+    }
+
+    #[test]
+    fn content_lengths_are_digits_only() {
+        let with = |v: &str| {
+            head(
+                format!("HTTP/1.1 200 OK\r\ncontent-length: {v}\r\n\r\n").as_bytes(),
+                &Method::POST,
+            )
+        };
+        assert_eq!(with("13").unwrap().unwrap().framing, Framing::Length(13));
+        assert_eq!(with(" 7 ").unwrap().unwrap().framing, Framing::Length(7));
+        // Found by fuzz/fuzz_targets/response_head.rs: `str::parse` took the sign.
+        for bad in ["+13", "-1", "1_0", "0x10", "", "18446744073709551616"] {
+            assert!(matches!(with(bad), Err(WireError::Invalid(_))), "{bad:?}");
+        }
     }
 
     #[test]

@@ -324,7 +324,7 @@ impl Body for GatewayBody {
 /// start of a line, and `data: [DONE]` is not an event. Frames may split anywhere, so the scan is
 /// a byte-at-a-time state machine carried across frames; nothing is buffered.
 #[derive(Clone, Copy, Debug, Default)]
-struct Events {
+pub struct Events {
     /// Events seen, `[DONE]` excluded.
     count: u32,
     /// Where the scan is.
@@ -352,7 +352,8 @@ impl Events {
     const MARK: &'static [u8] = b"\ndata:";
     const DONE: &'static [u8] = b"[DONE]";
 
-    fn feed(&mut self, bytes: &[u8]) {
+    /// Scans the next bytes of the stream.
+    pub fn feed(&mut self, bytes: &[u8]) {
         if !self.started && !bytes.is_empty() {
             self.started = true;
             self.at = Scan::Mark(1);
@@ -405,7 +406,7 @@ impl Events {
     }
 
     /// Output tokens the stream carried, as counted.
-    fn tokens(&self) -> u32 {
+    pub fn tokens(&self) -> u32 {
         self.count
     }
 }

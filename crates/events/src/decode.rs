@@ -9,7 +9,8 @@
 //! - hashes: unsigned or signed integers (kept as their 64-bit pattern) or raw bytes, folded to 64
 //!   bits per [`Dialect`].
 //!
-//! Invariants: never panics on any input; payloads over [`DecodeLimits::max_payload_bytes`] are
+//! Invariants: never panics on any input; a payload is exactly one batch (trailing bytes are an
+//! error, as for the engines' own msgpack decoders); payloads over [`DecodeLimits::max_payload_bytes`] are
 //! rejected before parsing; no allocation exceeds what the payload's length can justify; event
 //! and list lengths beyond the limits are errors naming the limit.
 
@@ -181,6 +182,13 @@ pub fn decode_batch(
         limits,
     };
     let batch = d.batch()?;
+    // A payload is one batch: bytes after it mean the framing is not what this decoder thinks.
+    if d.r.remaining() != 0 {
+        return Err(shape(format!(
+            "{} trailing bytes after the batch",
+            d.r.remaining()
+        )));
+    }
     Ok(batch)
 }
 

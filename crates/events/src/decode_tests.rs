@@ -427,3 +427,17 @@ fn extra_keys_are_collected_or_flagged_opaque() {
     let b = dec(&event(W::default().u(5))).unwrap();
     assert!(stored(&b, 0).extra_keys_opaque);
 }
+
+/// Found by `fuzz/fuzz_targets/kv_events.rs`: a batch followed by more bytes was accepted.
+#[test]
+fn trailing_bytes_after_the_batch_are_rejected() {
+    let batch = W::default().arr(3).f(1.5).arr(0).nil().0;
+    assert!(dec(&batch).is_ok());
+    for tail in [&[0xc0u8][..], &[0x00], &batch] {
+        let bytes = [&batch[..], tail].concat();
+        match dec(&bytes) {
+            Err(DecodeError::Shape(m)) => assert!(m.contains("trailing"), "{m}"),
+            other => panic!("{tail:?}: {other:?}"),
+        }
+    }
+}

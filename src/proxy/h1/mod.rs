@@ -26,7 +26,7 @@
 //!   answering; a complete head beyond [`MAX_HEAD_BYTES`] is handed to hyper for its 431.
 
 mod answer;
-mod head;
+pub mod head;
 mod prefixed;
 
 use super::limits::io::{Counted, Deadlines, Guarded, Requests};

@@ -1,0 +1,57 @@
+//! Gossip datagram decoding on arbitrary bytes (`kvgate_gossip::wire`): the envelope opener and
+//! every payload decoder never panic, and what they allocate stays within a small multiple of
+//! the input's length (a lying count cannot make a receiver allocate more).
+#![no_main]
+
+use kvgate_gossip::wire::envelope::{Keys, OVERHEAD};
+use kvgate_gossip::wire::payload::{
+    decode_chunk, decode_delta, decode_load, decode_resend, decode_snapshot_request, Entry,
+    LoadShare,
+};
+use libfuzzer_sys::fuzz_target;
+use std::mem::size_of;
+
+fn entries_bytes(e: &Vec<Entry>) -> usize {
+    e.capacity() * size_of::<Entry>() + e.iter().map(|x| x.hashes.capacity() * 8).sum::<usize>()
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&sel, p)) = data.split_first() else {
+        return;
+    };
+    // Decoders allocate at most this much: every entry takes ≥ 11 bytes, a load share ≥ 12.
+    let bound = 5 * p.len() + 64;
+    match sel % 6 {
+        0 => {
+            let keys = Keys::new("fuzz", b"secret");
+            if let Ok((_, payload)) = keys.open(p, 65_536) {
+                panic!(
+                    "forged datagram authenticated ({} bytes)",
+                    payload.len() + OVERHEAD
+                );
+            }
+        }
+        1 => {
+            if let Ok(d) = decode_delta(p) {
+                assert!(d.stride > 0);
+                assert!(entries_bytes(&d.entries) <= bound);
+            }
+        }
+        2 => {
+            if let Ok((_, e)) = decode_chunk(p) {
+                assert!(entries_bytes(&e) <= bound);
+            }
+        }
+        3 => {
+            if let Ok(l) = decode_load(p) {
+                assert!(l.capacity() * size_of::<LoadShare>() <= bound);
+            }
+        }
+        4 => {
+            let _ = decode_snapshot_request(p);
+        }
+        _ => {
+            let _ = decode_resend(p);
+        }
+    }
+});
