@@ -422,7 +422,7 @@ fn print(a: &Args, outs: &mut [Outcome]) {
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for o in outs.iter() {
         println!(
-            "| {} | {:.0} | {} / {} | {:.1} ms | {:.2} cores | {:.2} | {:.2}, {:.2} | {:.2} | {} | {} | {} |",
+            "| {} | {:.0} | {} / {} | {:.1} ms | {:.2} cores | {:.2} | {:.2}, {:.2} | {:.2} | {} | {} | {}; {} |",
             o.name,
             o.achieved,
             o.failed,
@@ -443,11 +443,8 @@ fn print(a: &Args, outs: &mut [Outcome]) {
                 "–".into()
             },
             share(o.same, o.follow_ups),
-            format!(
-                "{}; {}",
-                share(o.cached_tokens, o.prompt_tokens),
-                share(o.follow_up_cached_tokens, o.follow_up_prompt_tokens)
-            ),
+            share(o.cached_tokens, o.prompt_tokens),
+            share(o.follow_up_cached_tokens, o.follow_up_prompt_tokens),
         );
     }
     for o in outs.iter_mut() {
