@@ -240,39 +240,22 @@ impl PlacementIndex {
 
     /// Engine event: `instance` removed one copy of each of `hashes` from `tier`.
     pub fn remove(&self, instance: InstanceId, hashes: &[BlockHash], tier: Tier) {
-        let slot = self.slots.get(instance.0);
-        for &h in hashes {
-            let mut shard = self.shard(h).write();
-            let shard = &mut *shard;
-            let Some(holders) = shard.map.get_mut(&h) else {
-                continue;
-            };
-            let before = holders.heap_bytes();
-            let mut gone = None;
-            let keep = holders.retain(
-                |e| {
-                    e.instance == instance.0
-                        && (e.source != Source::Event || {
-                            let mut probe = *e;
-                            probe.remove_copy(tier)
-                        })
-                },
-                &mut |e| gone = Some(e.source),
-            );
-            if gone.is_none() {
+        self.drop_entries(
+            instance,
+            hashes,
+            |e| {
+                e.instance == instance.0
+                    && (e.source != Source::Event || {
+                        let mut probe = *e;
+                        probe.remove_copy(tier)
+                    })
+            },
+            |holders| {
                 if let Some(e) = holders.get_mut(instance.0) {
                     e.remove_copy(tier);
                 }
-            }
-            let after = if keep { holders.heap_bytes() } else { 0 };
-            shard.spill_bytes = shard.spill_bytes + after - before;
-            if !keep {
-                shard.map.remove(&h);
-            }
-            if let Some(src) = gone {
-                self.on_removed(slot, src);
-            }
-        }
+            },
+        );
     }
 
     /// Takes back predictions from `source` that `instance` holds `hashes`: the request they were
@@ -282,6 +265,23 @@ impl PlacementIndex {
         if source == Source::Event {
             return;
         }
+        self.drop_entries(
+            instance,
+            hashes,
+            |e| e.instance == instance.0 && e.source == source,
+            |_| {},
+        );
+    }
+
+    /// For each of `hashes`: drops the entries `drop` selects, or, when it selects none, lets
+    /// `kept` change the holders; keeps the counts and the spill bytes right.
+    fn drop_entries(
+        &self,
+        instance: InstanceId,
+        hashes: &[BlockHash],
+        mut drop: impl FnMut(&Entry) -> bool,
+        mut kept: impl FnMut(&mut Holders),
+    ) {
         let slot = self.slots.get(instance.0);
         for &h in hashes {
             let mut shard = self.shard(h).write();
@@ -291,10 +291,10 @@ impl PlacementIndex {
             };
             let before = holders.heap_bytes();
             let mut gone = None;
-            let keep = holders.retain(
-                |e| e.instance == instance.0 && e.source == source,
-                &mut |e| gone = Some(e.source),
-            );
+            let keep = holders.retain(&mut drop, &mut |e| gone = Some(e.source));
+            if gone.is_none() {
+                kept(holders);
+            }
             let after = if keep { holders.heap_bytes() } else { 0 };
             shard.spill_bytes = shard.spill_bytes + after - before;
             if !keep {
