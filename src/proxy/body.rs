@@ -7,6 +7,10 @@
 //!   finishes the request exactly once: load released, metrics recorded.
 //! - Dropping this body drops the upstream response, which closes the upstream connection if it was
 //!   mid-body — that is how a client disconnect stops the engine's generation.
+//! - A successful streamed answer (SSE) that the instance breaks off (a body error or the idle
+//!   timeout) ends with an SSE error event, `data: {"error": {...}}`, after a blank line that closes
+//!   any event the break cut; then the body ends cleanly. OpenAI clients raise that as an API
+//!   error instead of hanging on, or guessing at, a truncated stream. Any other answer is cut.
 
 use crate::app::AppState;
 use crate::client::body::UpstreamBody;
@@ -184,6 +188,9 @@ pin_project! {
         idle: Option<Pin<Box<tokio::time::Sleep>>>,
         idle_after: Duration,
         tracker: Tracker,
+        // Whether a break is reported as an SSE error event; once it was, the body has ended.
+        sse: bool,
+        ended: bool,
     }
 }
 
@@ -193,13 +200,29 @@ impl ProxyBody {
         if inner.is_end_stream() {
             tracker.finish(End::Complete);
         }
+        let sse = tracker.stream && (200..300).contains(&tracker.status);
         Self {
             inner,
             idle: None,
             idle_after,
             tracker,
+            sse,
+            ended: false,
         }
     }
+}
+
+/// The SSE event closing a stream the instance broke off: a blank line first, so that an event the
+/// break cut is closed before this one starts.
+fn sse_error_event(message: &str) -> Bytes {
+    let body = serde_json::json!({
+        "error": {
+            "message": message,
+            "type": "upstream_error",
+            "code": "upstream_stream_broken",
+        }
+    });
+    Bytes::from(format!("\n\ndata: {body}\n\n"))
 }
 
 impl Body for ProxyBody {
@@ -211,6 +234,9 @@ impl Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
+        if *this.ended {
+            return Poll::Ready(None);
+        }
         match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 let ended = this.inner.is_end_stream();
@@ -238,6 +264,11 @@ impl Body for ProxyBody {
             }
             Poll::Ready(Some(Err(e))) => {
                 this.tracker.finish(End::UpstreamError);
+                if *this.sse {
+                    *this.ended = true;
+                    let msg = format!("the instance's stream broke off: {e}");
+                    return Poll::Ready(Some(Ok(Frame::data(sse_error_event(&msg)))));
+                }
                 Poll::Ready(Some(Err(Box::new(e))))
             }
             Poll::Ready(None) => {
@@ -250,7 +281,13 @@ impl Body for ProxyBody {
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep(*this.idle_after)));
                 if idle.as_mut().poll(cx).is_ready() {
                     this.tracker.finish(End::Idle);
-                    return Poll::Ready(Some(Err(Box::new(IdleTimeout(*this.idle_after)))));
+                    let e = IdleTimeout(*this.idle_after);
+                    if *this.sse {
+                        *this.ended = true;
+                        let msg = format!("the instance's stream broke off: {e}");
+                        return Poll::Ready(Some(Ok(Frame::data(sse_error_event(&msg)))));
+                    }
+                    return Poll::Ready(Some(Err(Box::new(e))));
                 }
                 Poll::Pending
             }
@@ -258,10 +295,16 @@ impl Body for ProxyBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.ended || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
+        // A stream that may end with an error event has no exact size.
+        if self.sse {
+            let mut h = SizeHint::new();
+            h.set_lower(self.inner.size_hint().lower());
+            return h;
+        }
         self.inner.size_hint()
     }
 }
