@@ -59,6 +59,10 @@ fuzz_target!(|data: &[u8]| {
         (Err(DecodeError::Msgpack(MsgError::Invalid(at))), Ok(_)) => {
             assert_eq!(payload.get(at).copied(), Some(0xc1));
         }
+        // The same marker where a typed value (an integer, a string) was expected.
+        (Err(DecodeError::Msgpack(MsgError::Type { at, marker, .. })), Ok(_)) if marker == 0xc1 => {
+            assert_eq!(payload.get(at).copied(), Some(0xc1));
+        }
         (got, want) => panic!("decode_batch {got:?} vs reference {want:?} for {value}"),
     }
 });
