@@ -11,7 +11,6 @@ mod common;
 
 use common::*;
 use kvgate::config::Config;
-use std::time::Duration;
 
 #[derive(Clone, Copy, Debug)]
 enum Via {
@@ -69,14 +68,8 @@ async fn queued(gw: &Gateway) -> u64 {
 }
 
 async fn wait_queued(gw: &Gateway, n: u64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while queued(gw).await != n {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "queue never reached {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let reached = eventually_async(10, || async { queued(gw).await == n }).await;
+    assert!(reached, "queue never reached {n}");
 }
 
 /// A gateway in front of a holding mock, with one request held (the pool saturated).

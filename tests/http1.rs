@@ -18,23 +18,6 @@ fn post(path: &str, body: &str, extra: &str) -> String {
     )
 }
 
-/// One answer read off a connection.
-#[derive(Debug)]
-struct Answer {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
 /// Appends what `conn` sends next to `buf`.
 async fn fill(conn: &mut TcpStream, buf: &mut Vec<u8>, deadline: tokio::time::Instant) {
     let mut chunk = [0u8; 4096];

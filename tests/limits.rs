@@ -104,26 +104,6 @@ struct Conn {
     buf: Vec<u8>,
 }
 
-#[derive(Debug)]
-struct Answer {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-    fn code(&self) -> String {
-        let v: serde_json::Value = serde_json::from_slice(&self.body).expect("JSON error body");
-        v["error"]["code"].as_str().unwrap_or_default().to_string()
-    }
-}
-
 /// What the bytes in `buf` hold.
 enum Parsed {
     Answer(Answer, usize),
@@ -452,15 +432,11 @@ async fn connection_cap_answers_503_fast(path: Path) {
     }
     // A closed connection's place is free again.
     drop(served.pop());
-    let mut ok = false;
-    for _ in 0..100 {
+    let ok = eventually_async(2, || async {
         let mut c = Conn::connect(&gw).await;
-        if c.exchange(&request(path, CHAT)).await.status == 200 {
-            ok = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        c.exchange(&request(path, CHAT)).await.status == 200
+    })
+    .await;
     assert!(ok, "{path:?}: the freed place was not reused");
 }
 

@@ -388,4 +388,44 @@ pub async fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// One HTTP answer read off a raw client connection.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    /// The first field named `name` (any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    /// The OpenAI-style error body's `code`.
+    pub fn code(&self) -> String {
+        let v: serde_json::Value = serde_json::from_slice(&self.body).expect("JSON error body");
+        v["error"]["code"].as_str().unwrap_or_default().to_string()
+    }
+}
+
+/// [`eventually`] for a check that must await (an HTTP call, a connection).
+pub async fn eventually_async<F: std::future::Future<Output = bool>>(
+    secs: u64,
+    mut f: impl FnMut() -> F,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if f().await {
+            return true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#;
