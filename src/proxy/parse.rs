@@ -248,7 +248,7 @@ fn fields<'a>(r: &mut Reader<'a>) -> Result<Fields<'a>, GatewayError> {
             },
             Key::CacheSalt => f.cache_salt = Some(string(r, field)?),
             Key::MaxTokens | Key::MaxCompletionTokens | Key::MaxOutputTokens => {
-                if let Some(n) = bound(r)? {
+                if let Some(n) = integer::<u32>(r)? {
                     f.max_tokens = Some(f.max_tokens.map_or(n, |m| m.min(n)));
                 }
             }
@@ -258,24 +258,10 @@ fn fields<'a>(r: &mut Reader<'a>) -> Result<Fields<'a>, GatewayError> {
     Ok(f)
 }
 
-/// An output bound's value: a non-negative integer that fits `u32`, else `None` (skipped, not
-/// rejected: the engine decides what it accepts). Malformed JSON is still an error.
-fn bound(r: &mut Reader<'_>) -> Result<Option<u32>, GatewayError> {
-    match r.expect_value()? {
-        Kind::Number => {
-            let (digits, integer) = r.number()?;
-            Ok(if integer { digits.parse().ok() } else { None })
-        }
-        _ => {
-            r.skip_value()?;
-            Ok(None)
-        }
-    }
-}
-
-/// An integer that fits `i64`, else `None` (skipped, not rejected). Malformed JSON is still an
+/// An integer that fits `T` (an output bound: `u32`, so non-negative; a priority: `i64`), else
+/// `None` (skipped, not rejected: the engine decides what it accepts). Malformed JSON is still an
 /// error.
-fn integer(r: &mut Reader<'_>) -> Result<Option<i64>, GatewayError> {
+fn integer<T: std::str::FromStr>(r: &mut Reader<'_>) -> Result<Option<T>, GatewayError> {
     match r.expect_value()? {
         Kind::Number => {
             let (digits, integer) = r.number()?;
