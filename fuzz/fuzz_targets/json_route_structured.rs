@@ -9,7 +9,7 @@ use kvgate_fuzz::json::{check_route, endpoint};
 use libfuzzer_sys::fuzz_target;
 use std::fmt::Write;
 
-const KEYS: [&str; 16] = [
+const KEYS: [&str; 17] = [
     "model",
     "messages",
     "prompt",
@@ -21,6 +21,7 @@ const KEYS: [&str; 16] = [
     "max_tokens",
     "max_completion_tokens",
     "max_output_tokens",
+    "priority",
     "role",
     "content",
     "type",

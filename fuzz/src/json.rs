@@ -89,6 +89,7 @@ pub struct Route {
     pub stream: bool,
     pub cache_salt: Option<String>,
     pub max_tokens: Option<u32>,
+    pub priority: Option<i64>,
     pub prompt: RPrompt,
 }
 
@@ -113,7 +114,7 @@ enum Val {
     Items(Vec<Msg>),
 }
 
-const FIELDS: [&str; 11] = [
+const FIELDS: [&str; 12] = [
     "model",
     "messages",
     "prompt",
@@ -125,6 +126,7 @@ const FIELDS: [&str; 11] = [
     "max_tokens",
     "max_completion_tokens",
     "max_output_tokens",
+    "priority",
 ];
 
 fn string(v: &J, field: &'static str) -> Result<String, RErr> {
@@ -258,6 +260,7 @@ pub fn route(endpoint: Endpoint, doc: &J) -> Result<Route, RErr> {
     let (mut model, mut messages, mut prompt, mut input) = (None, None, None, None);
     let (mut instructions, mut tools, mut stream, mut salt) = (None, None, None, None);
     let mut max_tokens: Option<u32> = None;
+    let mut priority: Option<i64> = None;
     for (k, v) in pairs {
         let Some(i) = FIELDS.iter().position(|f| f == k) else {
             continue;
@@ -291,6 +294,14 @@ pub fn route(endpoint: Endpoint, doc: &J) -> Result<Route, RErr> {
                 J::Bool(b) => stream = Some(*b),
                 _ => return Err(RErr::Invalid(field)),
             },
+            // An integer that fits i64, else skipped (the engine decides).
+            "priority" => {
+                priority = match v {
+                    J::U(n) => i64::try_from(*n).ok(),
+                    J::I(n) => Some(*n),
+                    _ => None,
+                }
+            }
             _ => {
                 if let J::U(n) = v {
                     if let Ok(n) = u32::try_from(*n) {
@@ -354,6 +365,7 @@ pub fn route(endpoint: Endpoint, doc: &J) -> Result<Route, RErr> {
         stream: stream.unwrap_or(false),
         cache_salt: salt,
         max_tokens,
+        priority,
         prompt,
     })
 }
@@ -392,6 +404,7 @@ pub fn ours(r: Result<RouteInput<'_>, GatewayError>) -> Result<Route, RErr> {
         stream: r.stream,
         cache_salt: r.cache_salt.map(|m| m.into_owned()),
         max_tokens: r.max_tokens,
+        priority: r.priority,
         prompt,
     })
 }
