@@ -45,6 +45,7 @@ fn config(contenders: Vec<ContenderSpec>) -> CompareConfig {
         log_dir: std::env::temp_dir().join(format!("kvgate-lt-compare-{}", std::process::id())),
         keep_records: true,
         model_time: true,
+        ttft_slo_s: None,
     }
 }
 

@@ -167,3 +167,65 @@ async fn measures_ok_stream() {
         assert_eq!(r.instance.as_deref(), Some("e1"));
     }
 }
+
+/// Each request carries its tenant's header, a one-tenant run sends exactly that tenant's
+/// requests of the full mix, and a rejection's stated reason is kept.
+#[tokio::test]
+async fn tenants_are_sent_and_reject_reasons_kept() {
+    use axum::http::HeaderMap;
+    use kvgate_loadtest::replay::TenantMix;
+    // Tenant "a" is refused with a reason; "b" is served.
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(|h: HeaderMap| async move {
+            match h.get("x-tenant").and_then(|v| v.to_str().ok()) {
+                Some("a") => (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [("x-kvgate-reject-reason", "queue_full")],
+                    "{}",
+                )
+                    .into_response(),
+                Some("b") => {
+                    sse("data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n")
+                }
+                _ => StatusCode::BAD_REQUEST.into_response(),
+            }
+        }),
+    );
+    let url = serve(app).await;
+    let b = PromptBuilder::builtin(ApiKind::Chat, 32, 1).unwrap();
+    let run = |only: Option<&str>| {
+        let cfg = ReplayConfig {
+            arrivals: Arrivals::Trace { speed_up: 10.0 },
+            request_timeout: Duration::from_secs(2),
+            drain_timeout: Duration::from_secs(5),
+            progress: false,
+            tenants: Some(
+                TenantMix::parse("a:1,b:1", "x-tenant", only.map(String::from), 3).unwrap(),
+            ),
+            ..ReplayConfig::new(url.clone(), "m")
+        };
+        let b = b.clone();
+        async move { replay::run(&trace(40), &b, &cfg, "").await.unwrap() }
+    };
+    let all = run(None).await;
+    assert_eq!(all.records.len(), 40);
+    let mut b_indices = Vec::new();
+    for r in &all.records {
+        match r.tenant.as_deref() {
+            Some("a") => {
+                assert_eq!(r.outcome, Outcome::Rejected { status: 429 });
+                assert_eq!(r.reject_reason.as_deref(), Some("queue_full"));
+            }
+            Some("b") => {
+                assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+                b_indices.push(r.index);
+            }
+            t => panic!("tenant {t:?}"),
+        }
+    }
+    assert!(!b_indices.is_empty() && b_indices.len() < 40);
+    let alone = run(Some("b")).await;
+    let idx: Vec<usize> = alone.records.iter().map(|r| r.index).collect();
+    assert_eq!(idx, b_indices);
+}

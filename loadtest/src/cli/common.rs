@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use kvgate_loadtest::prompt::{ApiKind, PromptBuilder, TokenCountError};
+use kvgate_loadtest::replay::TenantMix;
 use kvgate_loadtest::report::Report;
 use kvgate_loadtest::synth::Workload;
 use kvgate_loadtest::trace::Trace;
@@ -59,6 +60,51 @@ impl WorkloadArgs {
 /// A named synthetic workload with default parameters.
 pub fn synth_workload(kind: &str) -> anyhow::Result<Workload> {
     Ok(Workload::named(kind)?)
+}
+
+/// Who sends the requests, and the latency objective they are judged by.
+#[derive(Debug, Clone, Args)]
+pub struct TenantArgs {
+    /// Split the requests between tenants by weight, `NAME:WEIGHT,...` (e.g. `heavy:10,light:1`),
+    /// each request carrying its tenant in `--tenant-header`; the report gives each tenant's figures.
+    #[arg(long)]
+    pub tenants: Option<String>,
+    /// With --tenants: send only this tenant's requests (at the same times as in the full mix).
+    #[arg(long, requires = "tenants")]
+    pub only_tenant: Option<String>,
+    /// Header naming the tenant (default: kvgate's `admission.tenant_header`).
+    #[arg(long)]
+    pub tenant_header: Option<String>,
+    /// Time-to-first-token objective for goodput, seconds (in the reported time unit).
+    #[arg(long)]
+    pub ttft_slo_s: Option<f64>,
+}
+
+impl TenantArgs {
+    /// The tenant mix, if any, drawn with `seed`.
+    pub fn mix(&self, seed: u64) -> anyhow::Result<Option<TenantMix>> {
+        let Some(spec) = &self.tenants else {
+            return Ok(None);
+        };
+        let header = self
+            .tenant_header
+            .clone()
+            .unwrap_or_else(|| kvgate::config::AdmissionConfig::default().tenant_header);
+        Ok(Some(TenantMix::parse(
+            spec,
+            header,
+            self.only_tenant.clone(),
+            seed,
+        )?))
+    }
+
+    /// The goodput objective, checked.
+    pub fn slo(&self) -> anyhow::Result<Option<f64>> {
+        match self.ttft_slo_s {
+            Some(s) if !(s.is_finite() && s > 0.0) => bail!("--ttft-slo-s must be > 0, got {s}"),
+            s => Ok(s),
+        }
+    }
 }
 
 /// Prompt synthesis flags.

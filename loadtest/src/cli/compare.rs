@@ -12,7 +12,7 @@ use kvgate_loadtest::report::{table, Report};
 use kvgate_loadtest::sizing::{self, FleetShape};
 use kvgate_sim::{EngineOverrides, FleetConfig, FleetMix};
 
-use super::common::{command_line, OutputArgs, PromptArgs, WorkloadArgs};
+use super::common::{command_line, OutputArgs, PromptArgs, TenantArgs, WorkloadArgs};
 use super::replay::secs;
 
 /// Flags of `compare`.
@@ -24,6 +24,8 @@ pub struct CompareArgs {
     pub prompt: PromptArgs,
     #[command(flatten)]
     pub output: OutputArgs,
+    #[command(flatten)]
+    pub tenants: TenantArgs,
     /// Contenders, comma-separated: kvgate policies (kvgate, round_robin, least_load,
     /// consistent_hash, sglang_cache_aware, dynamo_cost, llmd_weighted, ...), `smg`,
     /// `sglang-router`, `vllm-router` (from --python's venv: loadtest/peers/install.sh); repeat
@@ -149,6 +151,7 @@ pub async fn run(a: CompareArgs) -> anyhow::Result<()> {
             request_timeout: timeout,
             drain_timeout: timeout,
             progress: !a.no_progress,
+            tenants: a.tenants.mix(a.workload.seed)?,
             ..ReplayConfig::new("", fleet.model.clone())
         },
         kvgate_base,
@@ -158,6 +161,7 @@ pub async fn run(a: CompareArgs) -> anyhow::Result<()> {
         log_dir: a.output.out.join("logs"),
         keep_records: a.keep_records,
         model_time: !a.wall_time,
+        ttft_slo_s: a.tenants.slo()?,
     };
     let references = if a.references {
         // The same engines the comparison starts, each with its own capacity.

@@ -7,10 +7,10 @@ use clap::Args;
 use kvgate_loadtest::compare::{ContenderResult, ContenderSpec};
 use kvgate_loadtest::fleet_metrics;
 use kvgate_loadtest::replay::{self, Arrivals, Outcome, ReplayConfig};
-use kvgate_loadtest::report::summary::summarise;
+use kvgate_loadtest::report::summary::{goodput, summarise};
 use kvgate_loadtest::report::{table, Report};
 
-use super::common::{command_line, OutputArgs, PromptArgs, WorkloadArgs};
+use super::common::{command_line, OutputArgs, PromptArgs, TenantArgs, WorkloadArgs};
 
 /// Flags of `replay`.
 #[derive(Debug, Args)]
@@ -21,6 +21,8 @@ pub struct ReplayArgs {
     pub prompt: PromptArgs,
     #[command(flatten)]
     pub output: OutputArgs,
+    #[command(flatten)]
+    pub tenants: TenantArgs,
     /// Base URL of the OpenAI-compatible endpoint.
     #[arg(long)]
     pub url: String,
@@ -86,7 +88,9 @@ pub async fn run(a: ReplayArgs) -> anyhow::Result<()> {
         request_timeout: timeout,
         drain_timeout: timeout,
         progress: !a.no_progress,
+        tenants: a.tenants.mix(a.workload.seed)?,
     };
+    let slo = a.tenants.slo()?;
     let client = reqwest::Client::new();
     let before = if a.engines.is_empty() {
         None
@@ -115,7 +119,8 @@ pub async fn run(a: ReplayArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let summary = summarise(&out, delta.as_ref(), &a.engines);
+    let mut summary = summarise(&out, delta.as_ref(), &a.engines);
+    summary.goodput = slo.map(|s| goodput(&out, s));
     let mut ttft_sorted: Vec<f64> = out
         .records
         .iter()

@@ -20,7 +20,7 @@ use serde::Serialize;
 use crate::fleet_metrics::{self, FleetDelta, SeriesPoint};
 use crate::prompt::PromptBuilder;
 use crate::replay::{self, ReplayConfig, RequestRecord};
-use crate::report::summary::{summarise, RunSummary};
+use crate::report::summary::{goodput, summarise, RunSummary};
 use crate::trace::Trace;
 pub use contender::{ContenderSpec, TemplateVars};
 
@@ -47,6 +47,8 @@ pub struct CompareConfig {
     pub keep_records: bool,
     /// Report latencies in engine-model time: wall-clock figures × the fleet's time scale.
     pub model_time: bool,
+    /// Time-to-first-token objective for goodput, in the reported time unit.
+    pub ttft_slo_s: Option<f64>,
 }
 
 /// Everything measured for one contender.
@@ -282,6 +284,7 @@ async fn run_on_fleet(
     } else {
         1.0
     };
+    summary.goodput = cfg.ttft_slo_s.map(|s| goodput(&out, s / scale));
     summary.scale_time(scale);
     let mut series = fleet_metrics::series(&samples);
     for p in &mut series {

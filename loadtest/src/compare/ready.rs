@@ -58,6 +58,7 @@ pub async fn wait_ready(
             url: &format!("{url}{}", api.path()),
             body,
             timeout: Duration::from_secs(30),
+            header: None,
         })
         .await;
         match outcome {

@@ -11,6 +11,7 @@ pub mod record;
 pub mod request;
 pub mod schedule;
 pub mod sse;
+pub mod tenants;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -24,6 +25,7 @@ use crate::trace::Trace;
 pub use progress::Progress;
 pub use record::{ErrorClass, Outcome, RequestRecord};
 pub use schedule::{schedule, Arrivals, ScheduleError};
+pub use tenants::TenantMix;
 
 /// Replay parameters.
 #[derive(Debug, Clone, Serialize)]
@@ -46,6 +48,8 @@ pub struct ReplayConfig {
     pub drain_timeout: Duration,
     /// Draw the live progress line (when stderr is a terminal).
     pub progress: bool,
+    /// Split the requests between tenants (and perhaps send only one tenant's).
+    pub tenants: Option<TenantMix>,
 }
 
 impl ReplayConfig {
@@ -61,6 +65,7 @@ impl ReplayConfig {
             request_timeout: Duration::from_secs(300),
             drain_timeout: Duration::from_secs(300),
             progress: true,
+            tenants: None,
         }
     }
 }
@@ -138,7 +143,14 @@ pub async fn run(
     let start = tokio::time::Instant::now();
     let deadline = cfg.max_duration.map(|d| start + d);
     let mut tasks = JoinSet::new();
+    let mix = cfg.tenants.as_ref();
+    let header: Option<Arc<str>> = mix.map(|m| m.header.as_str().into());
     for (index, (req, offset)) in requests.iter().zip(&offsets).enumerate() {
+        if mix.is_some_and(|m| !m.sends(index)) {
+            continue;
+        }
+        let tenant: Option<Arc<str>> = mix.map(|m| m.of(index).into());
+        let header = header.clone();
         let at = start + *offset;
         if deadline.is_some_and(|d| at > d) {
             break;
@@ -165,6 +177,7 @@ pub async fn run(
                         url: &url,
                         body,
                         timeout,
+                        header: header.as_deref().zip(tenant.as_deref()),
                     })
                     .await
                 }
@@ -175,7 +188,7 @@ pub async fn run(
                     request::Measured::default(),
                 ),
             };
-            let rec = measured.into_record(
+            let mut rec = measured.into_record(
                 outcome,
                 index,
                 scheduled,
@@ -183,6 +196,7 @@ pub async fn run(
                 req.input_length,
                 req.output_length,
             );
+            rec.tenant = tenant.map(|t| t.to_string());
             if let Some(t) = rec.ttft_s {
                 progress.ttft(t);
             }

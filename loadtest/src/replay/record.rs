@@ -94,6 +94,12 @@ pub struct RequestRecord {
     pub cached_tokens: Option<u32>,
     /// Instance that served it, from the `x-kvgate-instance` response header.
     pub instance: Option<String>,
+    /// The tenant it was sent as (replays with a tenant mix).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Why the router refused it, from a rejection's `x-kvgate-reject-reason` header.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reject_reason: Option<String>,
     /// How it ended.
     pub outcome: Outcome,
 }

@@ -12,6 +12,8 @@ use super::sse::{Chunk, SseParser};
 
 /// Response header naming the instance that served the request.
 pub const INSTANCE_HEADER: &str = "x-kvgate-instance";
+/// Response header giving the reason of a gateway's rejection.
+pub const REJECT_REASON_HEADER: &str = "x-kvgate-reject-reason";
 /// Most bytes read from an error response body (only drained so the connection can be reused).
 const MAX_ERROR_BODY: usize = 64 << 10;
 
@@ -25,6 +27,8 @@ pub struct Attempt<'a> {
     pub body: Vec<u8>,
     /// Whole-request timeout.
     pub timeout: Duration,
+    /// A header sent with the request (the tenant's), as name and value.
+    pub header: Option<(&'a str, &'a str)>,
 }
 
 /// What one attempt measured; the caller adds scheduling fields.
@@ -39,6 +43,7 @@ pub struct Measured {
     pub(crate) completion_tokens: Option<u32>,
     pub(crate) cached_tokens: Option<u32>,
     pub(crate) instance: Option<String>,
+    pub(crate) reject_reason: Option<String>,
 }
 
 impl Measured {
@@ -67,6 +72,8 @@ impl Measured {
             completion_tokens: self.completion_tokens.unwrap_or(self.chunks),
             cached_tokens: self.cached_tokens,
             instance: self.instance,
+            tenant: None,
+            reject_reason: self.reject_reason,
             outcome,
         }
     }
@@ -88,16 +95,15 @@ fn classify(e: &reqwest::Error) -> ErrorClass {
 pub async fn send(a: Attempt<'_>) -> (Outcome, Measured) {
     let mut m = Measured::default();
     let t0 = Instant::now();
-    let resp = match a
+    let mut post = a
         .client
         .post(a.url)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .header(reqwest::header::ACCEPT, "text/event-stream")
-        .timeout(a.timeout)
-        .body(a.body)
-        .send()
-        .await
-    {
+        .header(reqwest::header::ACCEPT, "text/event-stream");
+    if let Some((name, value)) = a.header {
+        post = post.header(name, value);
+    }
+    let resp = match post.timeout(a.timeout).body(a.body).send().await {
         Ok(r) => r,
         Err(e) => {
             return (
@@ -115,6 +121,13 @@ pub async fn send(a: Attempt<'_>) -> (Outcome, Measured) {
         .map(|s| s.chars().take(128).collect());
     let status = resp.status().as_u16();
     if status != 200 {
+        if matches!(status, 429 | 503) {
+            m.reject_reason = resp
+                .headers()
+                .get(REJECT_REASON_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(|s| s.chars().take(64).collect());
+        }
         drain(resp).await;
         let outcome = match status {
             429 | 503 => Outcome::Rejected { status },

@@ -63,6 +63,62 @@ pub struct RunSummary {
     pub wall_s: f64,
     /// Mean lag between the schedule and the actual send.
     pub mean_send_lag_s: f64,
+    /// Rejections by the router's stated reason (`x-kvgate-reject-reason`), else by status.
+    pub rejected_by_reason: BTreeMap<String, u64>,
+    /// Per tenant, when the replay had a tenant mix.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub tenants: BTreeMap<String, TenantSummary>,
+    /// Requests served within a time-to-first-token objective, when one was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub goodput: Option<Goodput>,
+}
+
+/// One tenant's part of a replay.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TenantSummary {
+    /// Requests sent.
+    pub sent: usize,
+    /// Requests that completed.
+    pub ok: usize,
+    /// Requests shed with 429/503.
+    pub rejected: u64,
+    /// Failed requests.
+    pub errors: u64,
+    /// Prompt plus output tokens the workload asked for, over the requests sent.
+    pub tokens: u64,
+    /// Time to first token, successful requests.
+    pub ttft: Summary,
+    /// End-to-end latency, successful requests.
+    pub e2e: Summary,
+}
+
+/// Requests whose time to first token met an objective.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Goodput {
+    /// The objective, seconds.
+    pub ttft_slo_s: f64,
+    /// Requests that completed with a TTFT within the objective.
+    pub requests: usize,
+    /// Their fraction of the requests sent.
+    pub fraction: f64,
+    /// Their rate, per second of wall time.
+    pub rps: f64,
+}
+
+/// Goodput of `out` against a TTFT objective in the records' own time unit.
+pub fn goodput(out: &ReplayOutput, ttft_slo_s: f64) -> Goodput {
+    let requests = out
+        .records
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Ok))
+        .filter(|r| r.ttft_s.is_some_and(|t| t <= ttft_slo_s))
+        .count();
+    Goodput {
+        ttft_slo_s,
+        requests,
+        fraction: ratio(requests as f64, out.records.len() as f64),
+        rps: ratio(requests as f64, out.wall_s),
+    }
 }
 
 impl RunSummary {
@@ -72,7 +128,14 @@ impl RunSummary {
         if !(time_scale.is_finite() && time_scale > 0.0) || time_scale == 1.0 {
             return;
         }
-        for s in [&mut self.ttft, &mut self.e2e, &mut self.itl] {
+        let tenants = self
+            .tenants
+            .values_mut()
+            .flat_map(|t| [&mut t.ttft, &mut t.e2e]);
+        for s in [&mut self.ttft, &mut self.e2e, &mut self.itl]
+            .into_iter()
+            .chain(tenants)
+        {
             s.mean *= time_scale;
             s.p50 *= time_scale;
             s.p90 *= time_scale;
@@ -83,6 +146,10 @@ impl RunSummary {
         self.output_tokens_per_s /= time_scale;
         self.wall_s *= time_scale;
         self.mean_send_lag_s *= time_scale;
+        if let Some(g) = &mut self.goodput {
+            g.ttft_slo_s *= time_scale;
+            g.rps /= time_scale;
+        }
     }
 }
 
@@ -99,7 +166,30 @@ pub fn summarise(
     let (mut cached, mut prompt, mut reported) = (0u64, 0u64, false);
     let mut by_header: BTreeMap<String, u64> = BTreeMap::new();
     let mut all_have_header = true;
+    let mut rejected_by_reason: BTreeMap<String, u64> = BTreeMap::new();
+    let mut tenants: BTreeMap<String, (TenantSummary, Vec<f64>, Vec<f64>)> = BTreeMap::new();
     for r in &out.records {
+        if let Some(t) = &r.tenant {
+            let (s, ttft, e2e) = tenants.entry(t.clone()).or_default();
+            s.sent += 1;
+            s.tokens += u64::from(r.input_length) + u64::from(r.output_length);
+            match r.outcome {
+                Outcome::Ok => {
+                    s.ok += 1;
+                    ttft.extend(r.ttft_s);
+                    e2e.extend(r.e2e_s);
+                }
+                Outcome::Rejected { .. } => s.rejected += 1,
+                Outcome::Error { .. } => s.errors += 1,
+            }
+        }
+        if let Outcome::Rejected { status } = r.outcome {
+            let reason = r
+                .reject_reason
+                .clone()
+                .unwrap_or_else(|| format!("status_{status}"));
+            *rejected_by_reason.entry(reason).or_default() += 1;
+        }
         match r.outcome {
             Outcome::Ok => {
                 ok += 1;
@@ -169,6 +259,16 @@ pub fn summarise(
         share_source,
         wall_s: out.wall_s,
         mean_send_lag_s: out.mean_send_lag_s,
+        rejected_by_reason,
+        tenants: tenants
+            .into_iter()
+            .map(|(name, (mut s, ttft, e2e))| {
+                s.ttft = Summary::of(&ttft);
+                s.e2e = Summary::of(&e2e);
+                (name, s)
+            })
+            .collect(),
+        goodput: None,
     }
 }
 
@@ -193,6 +293,8 @@ mod tests {
             completion_tokens: 2,
             cached_tokens: Some(5),
             instance: inst.map(str::to_string),
+            tenant: None,
+            reject_reason: None,
             outcome,
         }
     }
@@ -243,5 +345,43 @@ mod tests {
         assert_eq!(s.share_source, ShareSource::EngineMetrics);
         assert_eq!(s.instance_share["y"], 0.75);
         assert_eq!(s.hit_ratio, Some(0.4));
+    }
+
+    #[test]
+    fn tenants_reasons_and_goodput() {
+        let mut recs = vec![
+            rec(0, Outcome::Ok, 1.0, Some("a")),
+            rec(1, Outcome::Ok, 3.0, Some("a")),
+            rec(2, Outcome::Rejected { status: 429 }, 0.0, None),
+            rec(3, Outcome::Rejected { status: 503 }, 0.0, None),
+            rec(4, Outcome::Ok, 2.0, Some("a")),
+        ];
+        for (r, t) in recs.iter_mut().zip(["h", "h", "h", "l", "l"]) {
+            r.tenant = Some(t.into());
+        }
+        recs[2].reject_reason = Some("queue_full".into());
+        let out = ReplayOutput {
+            records: recs,
+            unfinished: 0,
+            wall_s: 2.0,
+            mean_send_lag_s: 0.0,
+            api: ApiKind::Chat,
+        };
+        let mut s = summarise(&out, None, &[]);
+        assert_eq!(s.rejected_by_reason["queue_full"], 1);
+        assert_eq!(s.rejected_by_reason["status_503"], 1);
+        let (h, l) = (&s.tenants["h"], &s.tenants["l"]);
+        assert_eq!((h.sent, h.ok, h.rejected, h.tokens), (3, 2, 1, 36));
+        assert_eq!((l.sent, l.ok, l.rejected), (2, 1, 1));
+        assert_eq!(h.ttft.mean, 2.0);
+        assert_eq!(l.ttft.mean, 2.0);
+        // TTFTs 1, 3, 2 against 2 s: two of five sent.
+        let g = goodput(&out, 2.0);
+        assert_eq!((g.requests, g.fraction, g.rps), (2, 0.4, 1.0));
+        s.goodput = Some(g);
+        s.scale_time(4.0);
+        let g = s.goodput.as_ref().unwrap();
+        assert_eq!((g.ttft_slo_s, g.rps), (8.0, 0.25));
+        assert_eq!(s.tenants["h"].ttft.mean, 8.0);
     }
 }

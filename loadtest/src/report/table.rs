@@ -64,5 +64,42 @@ pub fn render(contenders: &[ContenderResult]) -> String {
         );
     }
     out.push_str("(latencies in seconds; hit ratio from the engines' prefix-cache counters)\n");
+    for c in contenders {
+        let Some(s) = &c.summary else { continue };
+        let mut parts = Vec::new();
+        if let Some(g) = &s.goodput {
+            parts.push(format!(
+                "goodput (TTFT <= {} s) {} of {} sent ({:.1} %), {:.2} req/s",
+                secs(g.ttft_slo_s),
+                g.requests,
+                s.sent,
+                g.fraction * 100.0,
+                g.rps
+            ));
+        }
+        if !s.rejected_by_reason.is_empty() {
+            let r: Vec<String> = s
+                .rejected_by_reason
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            parts.push(format!("rejected: {}", r.join(", ")));
+        }
+        for (name, t) in &s.tenants {
+            parts.push(format!(
+                "tenant {name}: {} sent, {} ok, {} rejected, {} tokens, TTFT mean {} p99 {}, E2E mean {}",
+                t.sent,
+                t.ok,
+                t.rejected,
+                t.tokens,
+                secs(t.ttft.mean),
+                secs(t.ttft.p99),
+                secs(t.e2e.mean)
+            ));
+        }
+        if !parts.is_empty() {
+            let _ = writeln!(out, "{}: {}", c.name, parts.join("; "));
+        }
+    }
     out
 }
