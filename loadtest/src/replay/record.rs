@@ -94,6 +94,9 @@ pub struct RequestRecord {
     pub cached_tokens: Option<u32>,
     /// Instance that served it, from the `x-kvgate-instance` response header.
     pub instance: Option<String>,
+    /// The router's predicted time to first token (kvgate's `x-kvgate-predicted-ttft-ms`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted_ttft_s: Option<f64>,
     /// The tenant it was sent as (replays with a tenant mix).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,

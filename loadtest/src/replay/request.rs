@@ -12,6 +12,8 @@ use super::sse::{Chunk, SseParser};
 
 /// Response header naming the instance that served the request.
 pub const INSTANCE_HEADER: &str = "x-kvgate-instance";
+/// Response header with the router's predicted time to first token, ms.
+pub const PREDICTED_TTFT_HEADER: &str = "x-kvgate-predicted-ttft-ms";
 /// Response header giving the reason of a gateway's rejection.
 pub const REJECT_REASON_HEADER: &str = "x-kvgate-reject-reason";
 /// Most bytes read from an error response body (only drained so the connection can be reused).
@@ -44,6 +46,7 @@ pub struct Measured {
     pub(crate) cached_tokens: Option<u32>,
     pub(crate) instance: Option<String>,
     pub(crate) reject_reason: Option<String>,
+    pub(crate) predicted_ttft_ms: Option<f64>,
 }
 
 impl Measured {
@@ -74,6 +77,10 @@ impl Measured {
             instance: self.instance,
             tenant: None,
             reject_reason: self.reject_reason,
+            predicted_ttft_s: self
+                .predicted_ttft_ms
+                .filter(|ms| ms.is_finite() && *ms >= 0.0)
+                .map(|ms| ms / 1e3),
             outcome,
         }
     }
@@ -119,6 +126,11 @@ pub async fn send(a: Attempt<'_>) -> (Outcome, Measured) {
         .get(INSTANCE_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(|s| s.chars().take(128).collect());
+    m.predicted_ttft_ms = resp
+        .headers()
+        .get(PREDICTED_TTFT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.parse().ok());
     let status = resp.status().as_u16();
     if status != 200 {
         if matches!(status, 429 | 503) {

@@ -68,6 +68,10 @@ pub struct RunSummary {
     /// Per tenant, when the replay had a tenant mix.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub tenants: BTreeMap<String, TenantSummary>,
+    /// How the router's predicted time to first token compared with the measured one, when it
+    /// gave predictions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prediction: Option<PredictionFit>,
     /// Requests served within a time-to-first-token objective, when one was given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub goodput: Option<Goodput>,
@@ -90,6 +94,49 @@ pub struct TenantSummary {
     pub ttft: Summary,
     /// End-to-end latency, successful requests.
     pub e2e: Summary,
+}
+
+/// Predicted against measured time to first token, over successful requests with a prediction.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PredictionFit {
+    /// Requests compared.
+    pub count: usize,
+    /// Mean predicted TTFT, seconds.
+    pub mean_predicted_s: f64,
+    /// Mean measured TTFT of the same requests, seconds.
+    pub mean_measured_s: f64,
+    /// Measured ÷ predicted (predictions under 1 ms left out): median.
+    pub ratio_p50: f64,
+    /// Measured ÷ predicted: 90th percentile.
+    pub ratio_p90: f64,
+}
+
+impl PredictionFit {
+    fn of(out: &ReplayOutput) -> Option<PredictionFit> {
+        let pairs: Vec<(f64, f64)> = out
+            .records
+            .iter()
+            .filter(|r| matches!(r.outcome, Outcome::Ok))
+            .filter_map(|r| r.predicted_ttft_s.zip(r.ttft_s))
+            .collect();
+        if pairs.is_empty() {
+            return None;
+        }
+        let n = pairs.len() as f64;
+        let mut ratios: Vec<f64> = pairs
+            .iter()
+            .filter(|(p, _)| *p >= 1e-3)
+            .map(|(p, m)| m / p)
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        Some(PredictionFit {
+            count: pairs.len(),
+            mean_predicted_s: pairs.iter().map(|p| p.0).sum::<f64>() / n,
+            mean_measured_s: pairs.iter().map(|p| p.1).sum::<f64>() / n,
+            ratio_p50: crate::stats::percentile_sorted(&ratios, 50.0).unwrap_or(0.0),
+            ratio_p90: crate::stats::percentile_sorted(&ratios, 90.0).unwrap_or(0.0),
+        })
+    }
 }
 
 /// Requests whose time to first token met an objective.
@@ -146,6 +193,10 @@ impl RunSummary {
         self.output_tokens_per_s /= time_scale;
         self.wall_s *= time_scale;
         self.mean_send_lag_s *= time_scale;
+        if let Some(p) = &mut self.prediction {
+            p.mean_predicted_s *= time_scale;
+            p.mean_measured_s *= time_scale;
+        }
         if let Some(g) = &mut self.goodput {
             g.ttft_slo_s *= time_scale;
             g.rps /= time_scale;
@@ -268,6 +319,7 @@ pub fn summarise(
                 (name, s)
             })
             .collect(),
+        prediction: PredictionFit::of(out),
         goodput: None,
     }
 }
@@ -293,6 +345,7 @@ mod tests {
             completion_tokens: 2,
             cached_tokens: Some(5),
             instance: inst.map(str::to_string),
+            predicted_ttft_s: None,
             tenant: None,
             reject_reason: None,
             outcome,
@@ -360,6 +413,8 @@ mod tests {
             r.tenant = Some(t.into());
         }
         recs[2].reject_reason = Some("queue_full".into());
+        recs[0].predicted_ttft_s = Some(0.5);
+        recs[1].predicted_ttft_s = Some(3.0);
         let out = ReplayOutput {
             records: recs,
             unfinished: 0,
@@ -368,6 +423,9 @@ mod tests {
             api: ApiKind::Chat,
         };
         let mut s = summarise(&out, None, &[]);
+        let p = s.prediction.clone().unwrap();
+        assert_eq!((p.count, p.mean_predicted_s, p.mean_measured_s), (2, 1.75, 2.0));
+        assert_eq!((p.ratio_p50, p.ratio_p90), (1.0, 2.0));
         assert_eq!(s.rejected_by_reason["queue_full"], 1);
         assert_eq!(s.rejected_by_reason["status_503"], 1);
         let (h, l) = (&s.tenants["h"], &s.tenants["l"]);

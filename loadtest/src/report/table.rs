@@ -77,6 +77,15 @@ pub fn render(contenders: &[ContenderResult]) -> String {
                 g.rps
             ));
         }
+        if let Some(p) = &s.prediction {
+            parts.push(format!(
+                "predicted TTFT mean {} vs measured {} (measured/predicted p50 {:.2}, p90 {:.2})",
+                secs(p.mean_predicted_s),
+                secs(p.mean_measured_s),
+                p.ratio_p50,
+                p.ratio_p90
+            ));
+        }
         if !s.rejected_by_reason.is_empty() {
             let r: Vec<String> = s
                 .rejected_by_reason
