@@ -80,12 +80,19 @@ impl Drop for Engine {
 /// Two engines (each its own process) behind one gateway; 120 non-streaming requests, 6 at a
 /// time; after 30 completed, new requests are held back until everything outstanding has been
 /// dispatched, the engine with the most requests in flight is SIGKILLed, and the load resumes.
-/// Returns the report, the killed engine's name and its in-flight count at the kill.
-async fn kill_under_load(idempotent: bool) -> (Report, String, u32) {
+/// `pooled`: whether the gateway keeps idle keep-alive connections. Without them each request is
+/// on a fresh connection, so a request in flight sees the close itself; with them, a request
+/// written on a parked connection the kill closed is first sent again on a fresh connection to
+/// the same engine (refused: a connect failure). Returns the report, the killed engine's name and
+/// its in-flight count at the kill.
+async fn kill_under_load(idempotent: bool, pooled: bool) -> (Report, String, u32) {
     let engines = vec![Engine::spawn("e0").await, Engine::spawn("e1").await];
     let infos: Vec<SimInstanceInfo> = engines.iter().map(|e| e.info.clone()).collect();
     let mut cfg = harness::config(&infos);
     cfg.upstream.idempotent_requests = idempotent;
+    if !pooled {
+        cfg.upstream.pool_max_idle_per_host = 0;
+    }
     let gw = Gateway::start(cfg).await;
     harness::all_usable(&gw).await;
     let engines = Arc::new(parking_lot::Mutex::new(engines));
@@ -96,7 +103,7 @@ async fn kill_under_load(idempotent: bool) -> (Report, String, u32) {
         requests: 120,
         concurrency: 6,
         fault_after: 30,
-        request: Box::new(move |i| (url.clone(), harness::chat(&model, i, 48, false))),
+        request: Box::new(move |i| (url.clone(), harness::chat(&model, i, 200, false))),
         failover: false,
     };
     let (gw_ref, engines_f, victim_f) = (&gw, engines.clone(), victim.clone());
@@ -134,15 +141,16 @@ async fn kill_under_load(idempotent: bool) -> (Report, String, u32) {
     (report, name, n)
 }
 
-/// With `upstream.idempotent_requests = true`: no request is lost — those in flight on the killed
-/// engine (connection closed before any answer byte) and those routed to it before its ejection
-/// (connect refused) are all retried on the healthy one.
+/// With `upstream.idempotent_requests = true` and no keep-alive pool: no request is lost — those
+/// in flight on the killed engine (connection closed before any answer byte) and those routed to
+/// it before its ejection (connect refused) are all retried on the healthy one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_engine_loses_nothing_when_requests_are_idempotent() {
     let t = Instant::now();
-    let (report, victim, in_flight) = kill_under_load(true).await;
+    let (report, victim, in_flight) = kill_under_load(true, false).await;
     harness::summary("kill/idempotent", t, &report);
     eprintln!("  killed {victim} with {in_flight} in flight");
+    assert!(in_flight >= 1, "nothing was in flight on the killed engine");
     let lost = report.lost();
     assert!(lost.is_empty(), "lost {} requests: {:?}", lost.len(), lost);
     let after: Vec<&Outcome> = report.after().collect();
@@ -157,9 +165,10 @@ async fn killed_engine_loses_nothing_when_requests_are_idempotent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_engine_fails_only_its_in_flight_requests_by_default() {
     let t = Instant::now();
-    let (report, victim, in_flight) = kill_under_load(false).await;
+    let (report, victim, in_flight) = kill_under_load(false, true).await;
     harness::summary("kill/default", t, &report);
     eprintln!("  killed {victim} with {in_flight} in flight");
+    assert!(in_flight >= 1, "nothing was in flight on the killed engine");
     let lost = report.lost();
     assert!(
         lost.len() <= in_flight as usize,
