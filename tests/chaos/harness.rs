@@ -4,7 +4,8 @@
 //!
 //! Invariants: every load is bounded in requests and in time (each request has the client's
 //! timeout); the fault is triggered by a count of completed requests, never by a sleep; while the
-//! fault is being injected no new request starts, so "issued after the fault" is exact.
+//! fault is being injected no new request starts, so a request marked "after the fault" met the
+//! fault in place (one not so marked may still have reached the engine after it).
 
 use crate::common::*;
 use kvgate::config::{Config, InstanceConfig, PoolConfig};
