@@ -348,13 +348,13 @@ pub fn record_ttft(pool: &str, instance: &str, seconds: f64) {
         .record(seconds);
 }
 
-/// An upstream failure; `cause` is one of `connect`, `timeout`, `status_5xx`, `protocol`,
-/// `idle_timeout`, `body`.
+/// An upstream failure; `cause` is one of `connect`, `closed`, `timeout`, `status_5xx`,
+/// `protocol`, `idle_timeout`, `body`.
 pub fn record_upstream_error(instance: &str, cause: &'static str) {
     counter!(UPSTREAM_ERRORS, "instance" => instance.to_string(), "cause" => cause).increment(1);
 }
 
-/// A retry on another instance.
+/// A retry on another instance; `cause` is one of `connect`, `closed`, `status`.
 pub fn record_retry(pool: &str, cause: &'static str) {
     counter!(RETRIES, "pool" => pool.to_string(), "cause" => cause).increment(1);
 }

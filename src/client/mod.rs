@@ -8,6 +8,11 @@
 //! Invariants:
 //! - Connect failures are reported as [`SendError::Connect`] and nothing else is: only they (and
 //!   502/503 answers) make a request safe to retry elsewhere, since the instance never saw it.
+//! - A connection that closed (or was reset) before any byte of a response arrived, and was not
+//!   replaced below, is reported as [`SendError::Closed`]: the instance died or dropped the
+//!   request, and may or may not have acted on it, so the caller retries it elsewhere only when
+//!   requests are idempotent. A connection broken once response bytes arrived is
+//!   [`SendError::Protocol`].
 //! - A parked connection that turns out to be closed when reused (no byte of a response read) is
 //!   replaced by a fresh one to the same instance, at most [`MAX_STALE`] times per request, when
 //!   the close came before the whole request was written (the server cannot have acted on it), or
@@ -55,6 +60,10 @@ pub enum SendError {
     /// No response headers within the timeout.
     #[error("timed out")]
     Timeout,
+    /// The connection closed or was reset before any byte of a response: the instance went away
+    /// (killed, restarted) or dropped the request, possibly after starting on it.
+    #[error("connection closed before a response: {0}")]
+    Closed(String),
     /// The connection broke or the answer was not valid HTTP.
     #[error("{0}")]
     Protocol(String),
@@ -69,6 +78,7 @@ impl SendError {
         match self {
             SendError::Connect(_) => "connect",
             SendError::Timeout => "timeout",
+            SendError::Closed(_) => "closed",
             SendError::Protocol(_) => "protocol",
             SendError::TooLarge => "body",
         }
@@ -202,9 +212,7 @@ impl HttpClient {
                         stale += 1
                     }
                     Err(Failed::Closed { error: e, .. }) => {
-                        return Err(SendError::Protocol(format!(
-                            "connection closed before a response: {e}"
-                        )))
+                        return Err(SendError::Closed(e.to_string()))
                     }
                     Err(Failed::Other(e)) => return Err(e),
                 }
@@ -545,7 +553,7 @@ mod tests {
             (StatusCode::OK, "ok".into())
         );
         let err = post(&c, &addr).await.unwrap_err();
-        assert!(matches!(err, SendError::Protocol(_)), "{err:?}");
+        assert!(matches!(err, SendError::Closed(_)), "{err:?}");
 
         let (addr, conns_idem) = server(1, Duration::ZERO).await;
         let idem = HttpClient::new(&UpstreamConfig {
@@ -566,6 +574,46 @@ mod tests {
     async fn a_fresh_connection_closed_without_answer_is_an_error() {
         let (addr, _) = server(0, Duration::ZERO).await;
         let err = post(&client(), &addr).await.unwrap_err();
+        assert!(matches!(err, SendError::Closed(_)), "{err:?}");
+        assert_eq!(err.cause(), "closed");
+        // Also when requests are idempotent: a fresh connection is not replaced, the caller
+        // decides where to send the request again.
+        let idem = HttpClient::new(&UpstreamConfig {
+            idempotent_requests: true,
+            ..UpstreamConfig::default()
+        });
+        let err = post(&idem, &addr).await.unwrap_err();
+        assert!(matches!(err, SendError::Closed(_)), "{err:?}");
+    }
+
+    /// A server that reads one request, answers `answer` and closes.
+    async fn answering_then_closing(answer: &'static [u8]) -> String {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut s = BufReader::new(s);
+                    loop {
+                        let mut line = String::new();
+                        if s.read_line(&mut line).await.unwrap_or(0) == 0 || line == "\r\n" {
+                            break;
+                        }
+                    }
+                    let _ = s.get_mut().write_all(answer).await;
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_close_after_response_bytes_is_a_protocol_error_not_a_close() {
+        let addr = answering_then_closing(b"HTTP/1.1 200 OK\r\ncontent-le").await;
+        let err = post_with(&client(), &addr, Bytes::new(), Duration::from_secs(5))
+            .await
+            .map(|r| r.status)
+            .unwrap_err();
         assert!(matches!(err, SendError::Protocol(_)), "{err:?}");
     }
 

@@ -232,6 +232,7 @@ impl Config {
                 "health.passive_failure_threshold",
                 h.passive_failure_threshold,
             ),
+            ("health.passive_5xx_threshold", h.passive_5xx_threshold),
         ] {
             if v == 0 {
                 return Err(invalid(key, "must be >= 1"));

@@ -18,13 +18,16 @@ pub struct UpstreamConfig {
     /// How long an idle keep-alive connection is kept. Below the engines' own keep-alive
     /// (uvicorn's 5 s in vLLM and SGLang), so that the engine is not the side that closes it.
     pub pool_idle_timeout_ms: u64,
-    /// Whether proxied requests may be sent twice: when a reused keep-alive connection closes
-    /// after the whole request was written and before any answer, the request is sent again on
-    /// a fresh connection only if this is on (the engine may have started on it). A request the
-    /// connection closed on before it was fully written is always sent again.
+    /// Whether proxied requests may be sent twice (the engine may have started on them). On: a
+    /// request whose connection closed before any answer byte (reused keep-alive connection:
+    /// sent again on a fresh one; otherwise the instance died or dropped it: retried on another
+    /// instance), or that was answered 500 or 504, is retried on another instance. Off: those
+    /// are answered 502 (closed) or passed through (500, 504). A request the connection closed
+    /// on before it was fully written is always sent again.
     pub idempotent_requests: bool,
     /// Attempts per request, on distinct instances (1 disables retries). Retries happen only on
-    /// connect failures and 502/503 answers, and only before anything reached the client.
+    /// connect failures and 502/503 answers (and, with `idempotent_requests`, connections closed
+    /// before an answer and 500/504 answers), and only before anything reached the client.
     pub max_attempts: u32,
 }
 
@@ -56,7 +59,12 @@ pub struct HealthConfig {
     pub healthy_threshold: u32,
     /// Consecutive connect failures on the request path that eject an instance.
     pub passive_failure_threshold: u32,
-    /// How long a passively ejected instance is skipped (an active success ends it sooner).
+    /// Consecutive 5xx answers (500, 502, 503, 504) on the request path that eject an instance
+    /// as an outlier, for `eject_ms` (a passing active check does not end it: such an instance
+    /// usually still answers `/health`).
+    pub passive_5xx_threshold: u32,
+    /// How long an ejected instance is skipped (for a connect-failure ejection, an active success
+    /// ends it sooner).
     pub eject_ms: u64,
     /// How often `/v1/models` of every instance is re-read for the union the gateway serves.
     pub models_refresh_ms: u64,
@@ -70,6 +78,7 @@ impl Default for HealthConfig {
             unhealthy_threshold: 2,
             healthy_threshold: 2,
             passive_failure_threshold: 3,
+            passive_5xx_threshold: 5,
             eject_ms: 10_000,
             models_refresh_ms: 30_000,
         }

@@ -1,4 +1,5 @@
-//! Instance health: the active checker's verdict, passive ejection on connect failures, and the
+//! Instance health: the active checker's verdict, passive ejection on connect failures (and
+//! connections closed before an answer), outlier ejection on consecutive 5xx answers, and the
 //! verdict of gossip peers.
 //!
 //! Invariants:
@@ -11,7 +12,12 @@
 //! - Instances start healthy, so a fresh gateway routes at once; the first failed checks or connect
 //!   failures correct that within `unhealthy_threshold` intervals or `passive_failure_threshold`
 //!   requests.
-//! - An ejection ends when `eject_ms` elapses or an active check succeeds, whichever comes first.
+//! - A passive ejection ends when `eject_ms` elapses or an active check succeeds, whichever comes
+//!   first: a passing check proves the instance accepts connections again.
+//! - An outlier ejection (5xx answers) ends only when `eject_ms` elapses: an instance answering
+//!   500 to requests usually still answers its `/health`, so a passing check proves nothing.
+//! - Connect failures and 5xx answers are counted apart; an answer that is not a 5xx resets both,
+//!   a 5xx answer resets only the connect failures (the instance was reached).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
@@ -21,6 +27,9 @@ pub struct Health {
     active_ok: AtomicBool,
     ejected_until_ms: AtomicU64,
     connect_failures: AtomicU32,
+    /// Outlier ejection (consecutive 5xx answers): not ended by an active check.
+    outlier_until_ms: AtomicU64,
+    answer_failures: AtomicU32,
     peer_down: AtomicBool,
 }
 
@@ -31,6 +40,8 @@ impl Health {
             active_ok: AtomicBool::new(true),
             ejected_until_ms: AtomicU64::new(0),
             connect_failures: AtomicU32::new(0),
+            outlier_until_ms: AtomicU64::new(0),
+            answer_failures: AtomicU32::new(0),
             peer_down: AtomicBool::new(false),
         }
     }
@@ -64,9 +75,30 @@ impl Health {
         self.active_ok.load(Ordering::Relaxed)
     }
 
-    /// Passively ejected at `now_ms`.
+    /// Ejected at `now_ms`, passively or as an outlier.
     pub fn ejected(&self, now_ms: u64) -> bool {
+        self.connect_ejected(now_ms) || now_ms < self.outlier_until_ms.load(Ordering::Relaxed)
+    }
+
+    /// Passively ejected (connect failures) at `now_ms`: what a passing active check ends.
+    pub fn connect_ejected(&self, now_ms: u64) -> bool {
         now_ms < self.ejected_until_ms.load(Ordering::Relaxed)
+    }
+
+    /// Records a 5xx answer (500, 502, 503, 504) on the request path; returns true when this one
+    /// ejected it as an outlier.
+    pub fn record_5xx(&self, now_ms: u64, threshold: u32, eject_ms: u64) -> bool {
+        if self.connect_failures.load(Ordering::Relaxed) != 0 {
+            self.connect_failures.store(0, Ordering::Relaxed);
+        }
+        let n = self.answer_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= threshold {
+            self.answer_failures.store(0, Ordering::Relaxed);
+            self.outlier_until_ms
+                .store(now_ms.saturating_add(eject_ms), Ordering::Relaxed);
+            return true;
+        }
+        false
     }
 
     /// Records a connect failure on the request path; returns true when this one ejected it.
@@ -81,10 +113,13 @@ impl Health {
         false
     }
 
-    /// Records a request that reached the instance.
+    /// Records a request that reached the instance and was not answered with a 5xx.
     pub fn record_success(&self) {
         if self.connect_failures.load(Ordering::Relaxed) != 0 {
             self.connect_failures.store(0, Ordering::Relaxed);
+        }
+        if self.answer_failures.load(Ordering::Relaxed) != 0 {
+            self.answer_failures.store(0, Ordering::Relaxed);
         }
     }
 
@@ -152,6 +187,31 @@ mod tests {
         assert!(!h.usable(1));
         h.set_active(true);
         assert!(h.usable(1));
+    }
+
+    #[test]
+    fn consecutive_5xx_eject_until_the_bound_and_a_passing_check_does_not_end_it() {
+        let h = Health::new();
+        assert!(!h.record_5xx(0, 3, 100));
+        assert!(!h.record_5xx(0, 3, 100));
+        // A good answer breaks the run.
+        h.record_success();
+        assert!(!h.record_5xx(0, 3, 100));
+        assert!(!h.record_5xx(0, 3, 100));
+        assert!(h.usable(0));
+        assert!(h.record_5xx(0, 3, 100));
+        assert!(!h.usable(1) && h.ejected(1) && !h.connect_ejected(1));
+        h.set_active(true);
+        assert!(
+            !h.usable(99),
+            "an active check must not end an outlier ejection"
+        );
+        assert!(h.usable(100));
+        // 5xx answers and connect failures are separate runs.
+        assert!(!h.record_connect_failure(200, 2, 100));
+        assert!(!h.record_5xx(200, 3, 100));
+        assert!(!h.record_connect_failure(200, 2, 100));
+        assert!(h.usable(200));
     }
 
     #[test]

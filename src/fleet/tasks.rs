@@ -118,7 +118,7 @@ async fn health_loop(p: Probe, token: CancellationToken) {
                     tracing::warn!(instance = %inst.name, "instance unhealthy: /health failed {} times", h.unhealthy_threshold);
                 }
                 inst.health.set_active(v);
-            } else if ok && inst.health.active_ok() && inst.health.ejected(now) {
+            } else if ok && inst.health.active_ok() && inst.health.connect_ejected(now) {
                 // A passing check proves the instance accepts connections again.
                 tracing::info!(instance = %inst.name, "ejected instance answers /health; ending ejection");
                 inst.health.set_active(true);

@@ -4,9 +4,13 @@
 //! Invariants:
 //! - The client's body is read once, under `server.body_limit_bytes`, and forwarded byte for byte;
 //!   only routing fields are parsed (see [`parse`]).
-//! - A request is retried on another instance only after a connect failure or a 502/503 answer —
-//!   both before anything was sent to the client — and at most `upstream.max_attempts` times in all.
-//!   Once response headers are relayed there is no retry.
+//! - A request is retried on another instance only after a connect failure or a 502/503 answer,
+//!   or — with `upstream.idempotent_requests` — a connection closed before any answer byte or a
+//!   500/504 answer; all before anything was sent to the client, and at most
+//!   `upstream.max_attempts` times in all. Once response headers are relayed there is no retry.
+//! - Connect failures and connections closed before an answer count toward passive ejection
+//!   (`health.passive_failure_threshold`); 500/502/503/504 answers toward outlier ejection
+//!   (`health.passive_5xx_threshold`), whether or not they are retried.
 //! - An attempt that failed that way takes its routing prediction back (locally and through
 //!   gossip), since the instance never computed the prompt; a timeout or a broken answer does not
 //!   (the instance may have).
@@ -356,13 +360,27 @@ async fn forward(
         let sent = Instant::now();
         match state.client.send_to(up, first_byte).await {
             Ok(resp) => {
-                inst.health.record_success();
                 inst.header_latency
                     .observe(sent.elapsed().as_secs_f64() * 1e3);
                 let status = resp.status;
-                if status == StatusCode::BAD_GATEWAY || status == StatusCode::SERVICE_UNAVAILABLE {
+                if is_5xx_failure(status) {
                     metrics::record_upstream_error(&inst.name, "status_5xx");
-                    // Refused, not served: the prompt will not be cached there.
+                    let h = &cfg.health;
+                    if inst.health.record_5xx(
+                        state.clock.now_ms(),
+                        h.passive_5xx_threshold,
+                        h.eject_ms,
+                    ) {
+                        note_ejection(inst, h.eject_ms, "consecutive 5xx answers");
+                    }
+                } else {
+                    inst.health.record_success();
+                }
+                let retryable = status == StatusCode::BAD_GATEWAY
+                    || status == StatusCode::SERVICE_UNAVAILABLE
+                    || (cfg.upstream.idempotent_requests && is_5xx_failure(status));
+                if retryable {
+                    // Refused or failed, not served: the prompt will not be cached there.
                     state.routing.retract(&prep, &routed);
                     tried.push(id);
                     if tried.len() < max_attempts && has_candidate(state, pool, &tried) {
@@ -382,8 +400,13 @@ async fn forward(
                     gate.hand_over(),
                 ));
             }
-            Err(SendError::Connect(msg)) => {
-                metrics::record_upstream_error(&inst.name, "connect");
+            Err(e @ (SendError::Connect(_) | SendError::Closed(_)))
+                if matches!(e, SendError::Connect(_)) || cfg.upstream.idempotent_requests =>
+            {
+                let cause = e.cause();
+                metrics::record_upstream_error(&inst.name, cause);
+                // Connect failure: the instance never saw the request. Closed: it went away with
+                // it; with idempotent requests that is as good as never having sent it.
                 state.routing.retract(&prep, &routed);
                 let h = &cfg.health;
                 if inst.health.record_connect_failure(
@@ -391,17 +414,21 @@ async fn forward(
                     h.passive_failure_threshold,
                     h.eject_ms,
                 ) {
-                    metrics::record_ejection(&inst.name);
-                    metrics::set_instance_healthy(&inst.name, false);
-                    tracing::warn!(instance = %inst.name, "ejected for {} ms after repeated connect failures: {msg}", h.eject_ms);
+                    note_ejection(inst, h.eject_ms, &format!("repeated connect failures: {e}"));
                 }
                 tried.push(id);
                 if tried.len() < max_attempts && has_candidate(state, pool, &tried) {
-                    metrics::record_retry(&pool.model, "connect");
+                    metrics::record_retry(&pool.model, cause);
                     continue;
                 }
-                return Err(GatewayError::UpstreamConnect {
-                    instance: inst.name.clone(),
+                return Err(match e {
+                    SendError::Connect(_) => GatewayError::UpstreamConnect {
+                        instance: inst.name.clone(),
+                    },
+                    e => GatewayError::UpstreamProtocol {
+                        instance: inst.name.clone(),
+                        message: e.to_string(),
+                    },
                 });
             }
             Err(SendError::Timeout) => {
@@ -420,6 +447,17 @@ async fn forward(
             }
         }
     }
+}
+
+/// A 5xx answer that says the instance failed the request (counted toward outlier ejection).
+fn is_5xx_failure(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 500 | 502 | 503 | 504)
+}
+
+fn note_ejection(inst: &crate::fleet::Instance, eject_ms: u64, why: &str) {
+    metrics::record_ejection(&inst.name);
+    metrics::set_instance_healthy(&inst.name, false);
+    tracing::warn!(instance = %inst.name, "ejected for {eject_ms} ms after {why}");
 }
 
 /// `times`: the request's arrival and the chosen attempt's dispatch. `admitted`: the pool whose

@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 
 use super::engine_loop::Cmd;
 use super::error::ApiError;
-use super::faults::Faults;
+use super::faults::{Faults, METRICS_HANG_MAX};
 use super::metrics::{render_sglang, render_vllm, MetricsInfo};
 use super::request::{prompt_tokens, Kind};
 use super::{AppState, Flavour};
@@ -31,8 +31,10 @@ pub async fn health() -> StatusCode {
     StatusCode::OK
 }
 
-/// `GET /metrics`.
+/// `GET /metrics`. Under the `metrics_hang` fault, waits until it is cleared (at most
+/// [`METRICS_HANG_MAX`]) before answering.
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    wait_while_hanging(&st, METRICS_HANG_MAX).await;
     let snap = st.core.snapshot.lock().clone();
     let info = MetricsInfo {
         model: &st.model,
@@ -45,6 +47,21 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         Flavour::Sglang => render_sglang(&snap, &info),
     };
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// Returns once the `metrics_hang` fault is off, or after `max` at the latest.
+async fn wait_while_hanging(st: &AppState, max: std::time::Duration) {
+    let until = tokio::time::Instant::now() + max;
+    loop {
+        // Registered before the check, so a change in between is not missed.
+        let changed = st.core.faults_changed.notified();
+        if !st.core.faults.lock().metrics_hang {
+            return;
+        }
+        if tokio::time::timeout_at(until, changed).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// `POST /tokenize` (vLLM shape: `prompt` or `messages`).
@@ -181,6 +198,7 @@ pub async fn set_faults(State(st): State<Arc<AppState>>, body: Bytes) -> Respons
         f.restart = false;
     }
     *st.core.faults.lock() = f.clone();
+    st.core.faults_changed.notify_waiters();
     Json(f).into_response()
 }
 
@@ -215,5 +233,66 @@ pub async fn cache(State(st): State<Arc<AppState>>) -> Response {
             "engine stopped",
         )
         .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::{Fleet, FleetConfig};
+    use std::time::Duration;
+
+    async fn one_engine() -> Fleet {
+        Fleet::start(FleetConfig {
+            engines: 1,
+            kv_events: false,
+            ..FleetConfig::default()
+        })
+        .await
+        .unwrap()
+    }
+
+    fn faults(v: Value) -> Bytes {
+        Bytes::from(v.to_string())
+    }
+
+    #[tokio::test]
+    async fn a_hanging_metrics_endpoint_answers_once_the_fault_is_cleared() {
+        let fleet = one_engine().await;
+        let st = fleet.engines()[0].state.clone();
+        set_faults(State(st.clone()), faults(json!({"metrics_hang": true}))).await;
+        let mut pending = tokio::spawn(metrics(State(st.clone())));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), &mut pending)
+                .await
+                .is_err(),
+            "/metrics answered while hanging"
+        );
+        set_faults(State(st.clone()), faults(json!({}))).await;
+        let resp = tokio::time::timeout(Duration::from_secs(5), pending)
+            .await
+            .expect("still hanging after the fault was cleared")
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        // Without the fault, at once.
+        let resp = tokio::time::timeout(Duration::from_secs(5), metrics(State(st)))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        fleet.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_hanging_metrics_endpoint_answers_after_its_bound() {
+        let fleet = one_engine().await;
+        let st = fleet.engines()[0].state.clone();
+        set_faults(State(st.clone()), faults(json!({"metrics_hang": true}))).await;
+        let max = Duration::from_millis(100);
+        let started = tokio::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(5), wait_while_hanging(&st, max))
+            .await
+            .expect("the bound did not end the hang");
+        assert!(started.elapsed() >= max);
+        fleet.shutdown().await;
     }
 }

@@ -78,6 +78,8 @@ pub struct Core {
     pub snapshot: Mutex<Snapshot>,
     /// Current faults.
     pub faults: Mutex<Faults>,
+    /// Notified whenever `faults` is replaced (ends a hanging `/metrics`).
+    pub faults_changed: tokio::sync::Notify,
     /// Cancelled to stop the loop (see the module doc).
     pub stop: CancellationToken,
 }

@@ -1,9 +1,16 @@
 //! Faults injected on demand (`POST /admin/faults`, or CLI flags at start).
 //!
 //! Invariants: all probabilities are clamped to 0..=1 and the slow factor to 1..=1000 when set;
-//! `restart` is an action, not a state (it is performed once and not stored).
+//! `restart` is an action, not a state (it is performed once and not stored); a hanging
+//! `/metrics` (`metrics_hang`) answers once the fault is cleared or after [`METRICS_HANG_MAX`],
+//! never later.
+
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+/// Longest a `/metrics` request waits under `metrics_hang` (wall time, not scaled).
+pub const METRICS_HANG_MAX: Duration = Duration::from_secs(60);
 
 /// Fault settings of one engine.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -19,6 +26,9 @@ pub struct Faults {
     pub drop_rate: f64,
     /// Stop publishing KV events (batches are discarded, seq does not advance).
     pub stop_events: bool,
+    /// `/metrics` answers nothing until this is cleared (or [`METRICS_HANG_MAX`] passes), like
+    /// an engine whose metrics endpoint is stuck.
+    pub metrics_hang: bool,
     /// Restart now: cache cleared, in-flight requests cut, event seq back to 0, counters reset,
     /// and no `AllBlocksCleared` (what a real engine restart looks like).
     pub restart: bool,
@@ -32,6 +42,7 @@ impl Default for Faults {
             always_5xx: false,
             drop_rate: 0.0,
             stop_events: false,
+            metrics_hang: false,
             restart: false,
         }
     }

@@ -159,6 +159,7 @@ impl RunningEngine {
             cmd_tx,
             snapshot: Mutex::new(Snapshot::default()),
             faults: Mutex::new(cfg.faults.sanitised()),
+            faults_changed: tokio::sync::Notify::new(),
             stop: tokio_util::sync::CancellationToken::new(),
         });
         let model = EngineModel::new(cfg.params.clone());
