@@ -59,7 +59,7 @@ pub struct HealthConfig {
     pub healthy_threshold: u32,
     /// Consecutive connect failures on the request path that eject an instance.
     pub passive_failure_threshold: u32,
-    /// Consecutive 5xx answers (500, 502, 503, 504) on the request path that eject an instance
+    /// Consecutive 5xx answers (500, 502, 504; not 503, an engine's full queue) on the request path that eject an instance
     /// as an outlier, for `eject_ms` (a passing active check does not end it: such an instance
     /// usually still answers `/health`).
     pub passive_5xx_threshold: u32,

@@ -85,7 +85,7 @@ impl Health {
         now_ms < self.ejected_until_ms.load(Ordering::Relaxed)
     }
 
-    /// Records a 5xx answer (500, 502, 503, 504) on the request path; returns true when this one
+    /// Records a 5xx answer (500, 502, 504) on the request path; returns true when this one
     /// ejected it as an outlier.
     pub fn record_5xx(&self, now_ms: u64, threshold: u32, eject_ms: u64) -> bool {
         if self.connect_failures.load(Ordering::Relaxed) != 0 {

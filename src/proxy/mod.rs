@@ -10,7 +10,8 @@
 //!   `upstream.max_attempts` times in all. Once response headers are relayed there is no retry.
 //! - Connect failures and connections closed before an answer count toward passive ejection
 //!   (`health.passive_failure_threshold`); 500/502/503/504 answers toward outlier ejection
-//!   (`health.passive_5xx_threshold`), whether or not they are retried.
+//!   (`health.passive_5xx_threshold`), whether or not they are retried; 503 (an engine's full
+//!   queue) never ejects, so overload does not cascade through ejections.
 //! - An attempt that failed that way takes its routing prediction back (locally and through
 //!   gossip), since the instance never computed the prompt; a timeout or a broken answer does not
 //!   (the instance may have).
@@ -363,7 +364,11 @@ async fn forward(
                 inst.header_latency
                     .observe(sent.elapsed().as_secs_f64() * 1e3);
                 let status = resp.status;
-                if is_5xx_failure(status) {
+                if status == StatusCode::SERVICE_UNAVAILABLE {
+                    // Busy, not broken: engines answer 503 when their queue is full. Ejecting
+                    // for it would move that load onto the others and overload them in turn.
+                    metrics::record_upstream_error(&inst.name, "status_5xx");
+                } else if is_5xx_failure(status) {
                     metrics::record_upstream_error(&inst.name, "status_5xx");
                     let h = &cfg.health;
                     if inst.health.record_5xx(
@@ -378,7 +383,7 @@ async fn forward(
                 }
                 let retryable = status == StatusCode::BAD_GATEWAY
                     || status == StatusCode::SERVICE_UNAVAILABLE
-                    || (cfg.upstream.idempotent_requests && is_5xx_failure(status));
+                    || (cfg.upstream.idempotent_requests && matches!(status.as_u16(), 500 | 504));
                 if retryable {
                     // Refused or failed, not served: the prompt will not be cached there.
                     state.routing.retract(&prep, &routed);
@@ -450,8 +455,9 @@ async fn forward(
 }
 
 /// A 5xx answer that says the instance failed the request (counted toward outlier ejection).
+/// An answer that counts toward outlier ejection: the instance failed the request.
 fn is_5xx_failure(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 500 | 502 | 503 | 504)
+    matches!(status.as_u16(), 500 | 502 | 504)
 }
 
 fn note_ejection(inst: &crate::fleet::Instance, eject_ms: u64, why: &str) {
