@@ -69,7 +69,7 @@ pub struct RunSummary {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub tenants: BTreeMap<String, TenantSummary>,
     /// How the router's predicted time to first token compared with the measured one, when it
-    /// gave predictions.
+    /// gave (non-zero) predictions.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prediction: Option<PredictionFit>,
     /// Requests served within a time-to-first-token objective, when one was given.
@@ -118,6 +118,8 @@ impl PredictionFit {
             .iter()
             .filter(|r| matches!(r.outcome, Outcome::Ok))
             .filter_map(|r| r.predicted_ttft_s.zip(r.ttft_s))
+            // Policies without a model send 0: nothing to compare.
+            .filter(|(p, _)| *p > 0.0)
             .collect();
         if pairs.is_empty() {
             return None;
@@ -424,7 +426,10 @@ mod tests {
         };
         let mut s = summarise(&out, None, &[]);
         let p = s.prediction.clone().unwrap();
-        assert_eq!((p.count, p.mean_predicted_s, p.mean_measured_s), (2, 1.75, 2.0));
+        assert_eq!(
+            (p.count, p.mean_predicted_s, p.mean_measured_s),
+            (2, 1.75, 2.0)
+        );
         assert_eq!((p.ratio_p50, p.ratio_p90), (1.0, 2.0));
         assert_eq!(s.rejected_by_reason["queue_full"], 1);
         assert_eq!(s.rejected_by_reason["status_503"], 1);
