@@ -275,6 +275,7 @@ impl Admission {
             enabled: self.cfg.enabled,
             max_predicted_ttft_ms: self.cfg.max_predicted_ttft_ms,
             max_inflight_per_instance: self.cfg.max_inflight_per_instance,
+            max_engine_waiting: self.cfg.max_engine_waiting,
             max_queue_entries: self.cfg.max_queue_entries,
             max_queued_tokens: self.cfg.max_queued_tokens,
             max_wait_ms: self.cfg.max_wait_ms,
@@ -296,6 +297,7 @@ pub struct AdmissionStatus {
     enabled: bool,
     max_predicted_ttft_ms: u64,
     max_inflight_per_instance: u32,
+    max_engine_waiting: u32,
     max_queue_entries: usize,
     max_queued_tokens: u64,
     max_wait_ms: u64,
@@ -402,7 +404,8 @@ impl<'a> Gate<'a> {
     }
 
     /// Judges a decision. Pending: if the chosen instance is saturated (it has requests in
-    /// flight and its predicted time to first token is over the bound) the request must wait
+    /// flight and its predicted time to first token is over the bound, or its engine reports
+    /// `max_engine_waiting` requests queued) the request must wait
     /// (true; drop the decision and [`Gate::enter`]); otherwise it is admitted. Admitted: if the
     /// pool still has room after this dispatch, the next waiter is admitted too, so a queue
     /// drains as fast as the pool takes it.
@@ -412,8 +415,15 @@ impl<'a> Gate<'a> {
         let at = routed.learning.at_dispatch;
         let over_ttft =
             at.in_flight > 0 && routed.predicted_cost_ms > cfg.max_predicted_ttft_ms as f64;
+        // The engine's own queue: what the prediction misses when the engine is out of
+        // sequences or KV memory (it then queues whatever it gets, however short the prefill).
+        let engine_full = cfg.max_engine_waiting > 0
+            && routed
+                .engine_waiting
+                .is_some_and(|w| w >= cfg.max_engine_waiting);
+        let saturated = over_ttft || engine_full;
         match self.state {
-            State::Pending if over_ttft => {
+            State::Pending if saturated => {
                 let pg = &adm.pools[self.pool];
                 pg.inner.lock().best_ttft_ms = routed.predicted_cost_ms;
                 self.state = State::Wait;
@@ -427,7 +437,7 @@ impl<'a> Gate<'a> {
                 self.state = State::Admitted { chain: false };
                 let cap = cfg.max_inflight_per_instance;
                 let full = cap > 0 && at.in_flight.saturating_add(1) >= cap;
-                if !over_ttft && !full {
+                if !saturated && !full {
                     // Room after this dispatch: the next waiter is admitted too (this request
                     // keeps its own place).
                     adm.release(self.pool);

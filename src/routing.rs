@@ -59,6 +59,8 @@ pub struct Routed {
     pub known_blocks: u32,
     /// The policy's predicted time to first token there, in ms.
     pub predicted_cost_ms: f64,
+    /// Requests its engine last reported waiting (not yet scheduled), when that report is fresh.
+    pub engine_waiting: Option<u32>,
     /// The dispatched request's share of the chosen instance's load (release by dropping).
     pub guard: LoadGuard,
     /// What learning from the response needs.
@@ -453,6 +455,12 @@ impl Routing {
             matched_blocks: decision.matched_blocks,
             known_blocks: routed.known_blocks,
             predicted_cost_ms: decision.predicted_cost_ms,
+            engine_waiting: fleet
+                .instance(decision.chosen)
+                .engine
+                .get(now, self.stale_after_ms)
+                .filter(|l| !l.stale)
+                .map(|l| l.waiting),
             guard: routed.guard,
             learning,
         };

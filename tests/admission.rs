@@ -153,6 +153,7 @@ over_both_paths!(
     critical_is_served_before_standard,
     tenants_share_by_tokens,
     gateway_endpoints_are_served_while_the_queue_is_full,
+    an_engine_reporting_a_queue_saturates_its_instance,
 );
 
 async fn a_saturated_pool_queues_then_admits_when_a_request_finishes(via: Via) {
@@ -180,6 +181,39 @@ async fn a_saturated_pool_queues_then_admits_when_a_request_finishes(via: Via) {
         ) >= 1.0,
         "{metrics}"
     );
+}
+
+/// The mock's `/metrics` reports 2 requests waiting: with `max_engine_waiting = 2` and no count
+/// bound, its instance is saturated by the engine's own queue alone. An idle pool still admits (a
+/// waiter finding nothing in flight admits itself); the next request queues until one finishes.
+async fn an_engine_reporting_a_queue_saturates_its_instance(via: Via) {
+    let a = Mock::start("a").await;
+    a.set_mode(Mode::Held);
+    let mut c = admission_config(a.url());
+    c.admission.max_inflight_per_instance = 0;
+    c.admission.max_engine_waiting = 2;
+    let gw = Gateway::start(c).await;
+    let scraped = eventually_async(10, || async {
+        let v: serde_json::Value =
+            serde_json::from_str(&gw.get_text("/admin/instances").await).unwrap();
+        v.to_string().contains("\"waiting\":2")
+    })
+    .await;
+    assert!(scraped, "the engine's load was never scraped");
+    let first = send(&gw, via, body("first", 10, None), &[]);
+    assert!(eventually(10, || a.held() == 1).await);
+    let second = send(&gw, via, body("second", 10, None), &[]);
+    wait_queued(&gw, 1).await;
+    assert_eq!(
+        a.count(),
+        1,
+        "the queued request must not reach the instance"
+    );
+    next(&a, 2).await;
+    assert_eq!(first.await.unwrap().status(), 200);
+    a.release(1);
+    assert_eq!(second.await.unwrap().status(), 200);
+    assert_eq!(tag_of(&a, 1), "second");
 }
 
 async fn a_full_queue_answers_429_with_retry_after_and_reason(via: Via) {

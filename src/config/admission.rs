@@ -16,6 +16,10 @@ pub struct AdmissionConfig {
     /// An instance is saturated once it has this many requests in flight (fleet-wide, gossip
     /// peers included); 0 = no count bound, the predicted time to first token alone decides.
     pub max_inflight_per_instance: u32,
+    /// An instance is saturated once its engine reports this many requests waiting (vLLM's
+    /// `num_requests_waiting`, SGLang's `num_queue_reqs`, in the last fresh `[load]` scrape): it
+    /// is at its running capacity (sequences or KV memory) and queues what it gets; 0 = not used.
+    pub max_engine_waiting: u32,
     /// Requests waiting per pool at most; beyond it arrivals are rejected (or evict a
     /// lower-priority waiter).
     pub max_queue_entries: usize,
@@ -34,6 +38,7 @@ impl Default for AdmissionConfig {
             enabled: false,
             max_predicted_ttft_ms: 10_000,
             max_inflight_per_instance: 0,
+            max_engine_waiting: 8,
             max_queue_entries: 1_024,
             max_queued_tokens: 4_000_000,
             max_wait_ms: 15_000,
