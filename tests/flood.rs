@@ -146,3 +146,10 @@ async fn full_size() {
     r.print();
     check(&r);
 }
+/// A connection's task is what each of 10,000 idle connections costs beside its head buffer:
+/// the rarely taken paths (hand-off to hyper, refusals) must not be inlined into it.
+#[tokio::test]
+async fn a_connection_task_is_small() {
+    let bytes = scenario::task_bytes().await;
+    assert!(bytes <= 4096, "a connection's task is {bytes} bytes");
+}

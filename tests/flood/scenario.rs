@@ -154,7 +154,7 @@ pub fn bound(size: &Size, before: Memory, task: usize) -> (u64, String) {
     let w = waiting(task);
     let b = before.rss + conns * w + streams * STREAMING + pooled * POOLED + BODY_BUDGET as u64;
     let terms = format!(
-        "{:.1} MiB before + {conns} connections × {:.1} KiB + {streams} streams × {} KiB + {pooled} pooled upstream × {} KiB + {} MiB body budget",
+        "{:.1} MiB before + {conns} connections × {:.1} KiB (task {task} B) + {streams} streams × {} KiB + {pooled} pooled upstream × {} KiB + {} MiB body budget",
         before.rss as f64 / (1 << 20) as f64,
         w as f64 / 1024.0,
         STREAMING >> 10,
