@@ -4,7 +4,8 @@
 //! Invariants:
 //! - Every offender is bounded in count and time (`Size`); the scenario ends when all have.
 //! - The memory bound is computed from the config and the code's buffer sizes ([`bound`]), never
-//!   from what was measured, except the gateway's own RSS before the flood.
+//!   from what was measured under the flood: its inputs are the gateway's RSS before the flood
+//!   and a connection task's size as compiled ([`task_bytes`]).
 
 use super::child::{Child, Memory};
 use super::clients::{self, Cut, Open};
@@ -38,10 +39,15 @@ pub struct Size {
 }
 
 impl Size {
-    /// Client connections the scenario may hold at once (the config's `max_connections` adds
-    /// headroom above it).
+    /// Client connections the scenario may hold at once.
     pub fn connections(&self) -> usize {
         self.idle + self.tricklers + self.slow_readers + FLOOD_PARALLEL + 1
+    }
+    /// The config's `max_connections`: [`Self::connections`] and room for connect-and-close
+    /// connections the clients closed but the gateway has not yet seen end (beyond it, such a
+    /// connection is refused, which only that kind can afford).
+    pub fn max_connections(&self) -> usize {
+        self.connections() + 256
     }
 }
 
@@ -54,7 +60,7 @@ const STREAM_CHUNKS: usize = 16 * 1024;
 const STREAM_CHUNK_BYTES: usize = 1024;
 /// Most time the socket buffers on a slow reader's path take to fill (the write deadline runs
 /// from there), on a loaded machine: megabytes, as the kernel grows the gateway's send buffer.
-pub const FILL: Duration = Duration::from_secs(5);
+pub const FILL: Duration = Duration::from_secs(10);
 /// `[server.limits] body_budget_bytes` in the scenario's config.
 pub const BODY_BUDGET: usize = 4 << 20;
 
@@ -111,7 +117,7 @@ pub struct Report {
     pub flood_connected: usize,
     /// Most client connections open at once, as the clients counted them.
     pub most_open: usize,
-    /// Gateway memory before the flood, at its peak and at the end.
+    /// Gateway memory before the flood, and at the end (whose `hwm` is the peak).
     pub before: Memory,
     pub end: Memory,
     /// Client connections the gateway still held at the end.
@@ -143,12 +149,12 @@ pub const POOLED: u64 = 32 * 1024 + REGISTRATION;
 /// A socket's registration with the runtime and the small per-connection state around it.
 const REGISTRATION: u64 = 512;
 
-/// `before.rss + connections × waiting + streams × STREAMING + pooled × POOLED + body budget`:
-/// every connection may be open at once; upstream connections parked in the pool are at most
-/// the non-streaming requests in flight at once (the idle connections' first requests, the good
-/// client's).
+/// `before.rss + max_connections × waiting + streams × STREAMING + pooled × POOLED + body
+/// budget`: as many connections as the cap admits may be open at once; upstream connections
+/// parked in the pool are at most the non-streaming requests in flight at once (the idle
+/// connections' first requests, the good client's).
 pub fn bound(size: &Size, before: Memory, task: usize) -> (u64, String) {
-    let conns = size.connections() as u64;
+    let conns = size.max_connections() as u64;
     let streams = size.slow_readers as u64;
     let pooled = (RAMP_PARALLEL + 1) as u64;
     let w = waiting(task);
@@ -201,7 +207,7 @@ url = "{f}"
         header = size.header_ms,
         idle = size.idle_ms,
         write = size.write_ms,
-        max = size.connections() + 256,
+        max = size.max_connections(),
         budget = BODY_BUDGET,
         m = m.url(),
         f = f.url(),
