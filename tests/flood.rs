@@ -72,8 +72,7 @@ fn check(r: &Report) {
     assert_eq!(by("header_timeout"), s.tricklers, "{:?}", r.closed);
     assert_eq!(by("write_timeout"), s.slow_readers, "{:?}", r.closed);
     assert!(by("idle_timeout") >= s.idle, "{:?}", r.closed);
-    // Refusals beyond the cap (`over_capacity`) may only have met connect-and-close
-    // connections: every other kind was counted above as served and closed by its own limit.
+    assert_eq!(by("over_capacity"), 0, "{:?}", r.closed);
     assert!(
         r.end.hwm <= r.bound,
         "peak RSS {} MiB over the bound {} MiB = {}",
