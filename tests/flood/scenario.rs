@@ -395,8 +395,11 @@ impl Report {
         );
         for (name, v) in [("alone", &self.alone), ("during the flood", &self.flooded)] {
             let non200 = v.iter().filter(|(c, _)| *c != 200).count();
+            // Requests are sequential: the slowest began when all before it had ended.
+            let worst = (0..v.len()).max_by_key(|&i| v[i].1).unwrap_or(0);
+            let began: Duration = v[..worst].iter().map(|(_, d)| *d).sum();
             println!(
-                "good client {name}: {} requests, {non200} not 200, p50 {}, p99 {}, max {}",
+                "good client {name}: {} requests, {non200} not 200, p50 {}, p99 {}, max {} (begun {began:.1?} in)",
                 v.len(),
                 ms(percentile(v, 50)),
                 ms(percentile(v, 99)),
