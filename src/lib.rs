@@ -58,6 +58,8 @@
 //! - `crates/gossip` — replica gossip of placements and load.
 //! - `loadtest/` — trace replay, synthetic workloads, offline policy simulation, comparisons;
 //!   `loadtest/overhead.sh` measures the proxy's own cost against nginx.
+//!   `loadtest/flood.sh` runs the flood of `tests/flood.rs` (slow clients, idle connections,
+//!   memory) at full size.
 
 pub mod admin;
 pub mod admission;

@@ -4,7 +4,9 @@
 //! - Answers are framed here: `Content-Length` when the body's size is known, chunked otherwise
 //!   (none for 1xx/204/304); framing and connection fields from the reply never pass through.
 //! - What is ready is written together; nothing ready is waited for while something is pending,
-//!   so a streaming client gets the head, then each event, as soon as they exist.
+//!   so a streaming client gets the head, then each event, as soon as they exist. What is
+//!   pending stays under two frames of [`COPY_BYTES`]: frames that keep being ready are written
+//!   as they come, so a client slower than its upstream costs the socket buffers, not memory.
 //! - A write that makes no progress for the write timeout fails with `TimedOut` (a client that
 //!   stopped reading); the caller closes the connection, dropping the body and the upstream
 //!   request with it.
@@ -116,6 +118,13 @@ pub async fn write(
         }
         if framing == Framing::Chunked {
             out.extend_from_slice(b"\r\n");
+        }
+        // Frames that keep being ready (a fast upstream) are still written as they come: the
+        // pending bytes stay under two frames, and a stalled client is found by the write
+        // deadline instead of being buffered for.
+        if out.len() >= COPY_BYTES {
+            send(stream, &out, &[], stall).await?;
+            out.clear();
         }
         if body.is_end_stream() {
             break;
@@ -285,6 +294,46 @@ mod tests {
         assert_eq!(
             format_chunk_size(usize::MAX).as_bytes(),
             b"ffffffffffffffff\r\n"
+        );
+    }
+
+    /// A body whose frames are all ready at once (an upstream faster than the client) to a
+    /// client that reads nothing: the write fails at the stall deadline having taken from the
+    /// body about what the socket buffers hold, not the whole body into memory.
+    #[tokio::test]
+    async fn frames_that_keep_being_ready_are_written_as_they_come() {
+        use futures_util::StreamExt;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        const FRAMES: usize = 4096;
+        const FRAME: usize = 1024;
+        let taken = Arc::new(AtomicUsize::new(0));
+        let counted = taken.clone();
+        let frames = futures_util::stream::iter(0..FRAMES).map(move |_| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, io::Error>(bytes::Bytes::from(vec![b'x'; FRAME]))
+        });
+        let body = GatewayBody::plain(axum::body::Body::from_stream(frames));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let _client = socket
+            .connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        socket2::SockRef::from(&server)
+            .set_send_buffer_size(16 * 1024)
+            .unwrap();
+        let mut pending = BytesMut::new();
+        let reply = Reply::Made(http::Response::new(body));
+        let stall = Duration::from_millis(200);
+        let written = write(&mut server, &mut pending, reply, false, stall).await;
+        assert_eq!(written.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        let taken = taken.load(Ordering::SeqCst) * FRAME;
+        assert!(
+            taken < 1 << 20,
+            "{taken} bytes of the body taken for a client that read nothing"
         );
     }
 

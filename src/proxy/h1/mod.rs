@@ -86,6 +86,9 @@ pub async fn serve(
     let limit = limits.body_limit;
     let rid_name = state.request_id_header.clone();
     let mut buf = BytesMut::with_capacity(READ_RESERVE);
+    // The hand-off (hyper's whole connection) and the refusals are boxed where awaited: inline,
+    // their state would be part of every connection's task for its whole life, idle or not
+    // (about 3 KiB of task instead of 10; `tests/flood.rs` holds it under 4 KiB).
     loop {
         // Until a request's first byte the idle timeout runs, from there the header timeout.
         let mut idle = buf.is_empty();
@@ -96,10 +99,26 @@ pub async fn serve(
                 // as for a partial one.
                 Parsed::Serve(h) if h.len <= MAX_HEAD_BYTES => break h,
                 Parsed::Serve(_) | Parsed::HandOff => {
-                    return hand_off(stream, buf.freeze(), conns, watcher, permit, deadline).await
+                    return Box::pin(hand_off(
+                        stream,
+                        buf.freeze(),
+                        conns,
+                        watcher,
+                        permit,
+                        deadline,
+                    ))
+                    .await
                 }
                 Parsed::Partial if buf.len() >= MAX_HEAD_BYTES => {
-                    return hand_off(stream, buf.freeze(), conns, watcher, permit, deadline).await
+                    return Box::pin(hand_off(
+                        stream,
+                        buf.freeze(),
+                        conns,
+                        watcher,
+                        permit,
+                        deadline,
+                    ))
+                    .await
                 }
                 Parsed::Partial => {}
             }
@@ -130,7 +149,7 @@ pub async fn serve(
         // Room in the body budget before the body is buffered.
         let reserved = match limits.budget.reserve(head.body_len).await {
             Ok(r) => r,
-            Err(e) => return refuse(&mut stream, state, endpoint, e).await,
+            Err(e) => return Box::pin(refuse(&mut stream, state, endpoint, e)).await,
         };
         let total = head.len + head.body_len;
         if buf.len() < total {
@@ -146,7 +165,7 @@ pub async fn serve(
                         let e = GatewayError::BodyTimeout {
                             timeout_ms: limits.body.as_millis() as u64,
                         };
-                        return refuse(&mut stream, state, endpoint, e).await;
+                        return Box::pin(refuse(&mut stream, state, endpoint, e)).await;
                     }
                 };
                 match read {
