@@ -15,11 +15,17 @@ mod common;
 
 mod harness;
 
+/// The real binary as a child process (shared with the flood tests).
+#[path = "../flood/child.rs"]
+#[allow(dead_code)]
+mod child;
+
 mod drop;
 mod events;
 mod faults_5xx;
 mod kill;
 mod metrics_hang;
+mod replica_kill;
 mod replicas;
 mod restart;
 mod slow;

@@ -7,7 +7,7 @@ use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn with_gossip(
+pub(crate) fn with_gossip(
     infos: &[kvgate_sim::fleet::SimInstanceInfo],
     seeds: Vec<String>,
 ) -> kvgate::config::Config {
@@ -26,13 +26,13 @@ fn with_gossip(
     c
 }
 
-async fn gossip_of(g: &Gateway) -> kvgate_gossip::Gossip {
+pub(crate) async fn gossip_of(g: &Gateway) -> kvgate_gossip::Gossip {
     let ok = eventually(10, || g.state.routing.gossip().is_some()).await;
     assert!(ok, "gossip did not start");
     g.state.routing.gossip().cloned().expect("started")
 }
 
-async fn serve(g: &Gateway, model: &str, n: usize) {
+pub(crate) async fn serve(g: &Gateway, model: &str, n: usize) {
     for i in 0..n {
         let r = client()
             .post(g.url("/v1/chat/completions"))
