@@ -53,6 +53,8 @@ pub struct Admission {
     cfg: AdmissionConfig,
     /// `cfg.tenant_header`, parsed once.
     tenant_header: http::HeaderName,
+    /// `cfg.tenant_weights` by tenant id.
+    weights: ahash::AHashMap<TenantId, u32>,
     pools: Vec<PoolGate>,
     load: Arc<LoadTracker>,
     clock: Clock,
@@ -102,6 +104,11 @@ impl Admission {
         Self {
             tenant_header: http::HeaderName::from_bytes(cfg.tenant_header.as_bytes())
                 .unwrap_or_else(|_| http::HeaderName::from_static("x-kvgate-tenant")),
+            weights: cfg
+                .tenant_weights
+                .iter()
+                .map(|(name, &w)| (tenant_id(name.as_bytes()), w.max(1)))
+                .collect(),
             cfg: cfg.clone(),
             pools,
             load,
@@ -142,6 +149,10 @@ impl Admission {
             pool,
             priority,
             tenant: tenant.map_or(TenantId(0), tenant_id),
+            weight: tenant
+                .and_then(|t| self.weights.get(&tenant_id(t)))
+                .copied()
+                .unwrap_or(1),
             cost,
             state: State::Pending,
         }
@@ -346,6 +357,8 @@ pub struct Gate<'a> {
     pool: usize,
     priority: Priority,
     tenant: TenantId,
+    /// The tenant's fair-share weight.
+    weight: u32,
     cost: u64,
     state: State,
 }
@@ -358,6 +371,7 @@ impl<'a> Gate<'a> {
             pool: 0,
             priority: Priority::Standard,
             tenant: TenantId(0),
+            weight: 1,
             cost: 0,
             state: State::Off,
         }
@@ -464,7 +478,13 @@ impl<'a> Gate<'a> {
         let id = {
             let mut g = pg.inner.lock();
             adm.expire(pg, &mut g, now);
-            let pushed = match g.queue.push(self.priority, self.tenant, self.cost, now, tx) {
+            let pushed = match g.queue.push_weighted(
+                self.priority,
+                (self.tenant, self.weight),
+                self.cost,
+                now,
+                tx,
+            ) {
                 Ok(p) => p,
                 Err(r) => {
                     pg.metrics.rejected(r.reason);

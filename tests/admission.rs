@@ -154,6 +154,7 @@ over_both_paths!(
     tenants_share_by_tokens,
     gateway_endpoints_are_served_while_the_queue_is_full,
     an_engine_reporting_a_queue_saturates_its_instance,
+    a_tenant_weight_multiplies_its_share,
 );
 
 async fn a_saturated_pool_queues_then_admits_when_a_request_finishes(via: Via) {
@@ -354,6 +355,45 @@ async fn tenants_share_by_tokens(via: Via) {
     );
     // The tenant is the configured header's value, forwarded unchanged.
     assert_eq!(a.received()[1].headers["x-kvgate-tenant"], "big");
+}
+
+/// As `tenants_share_by_tokens`, with "big" weighing 10: its ~1000-token requests are charged
+/// like "small"'s ~100-token ones, so the two alternate instead of "small" going eight times first.
+async fn a_tenant_weight_multiplies_its_share(via: Via) {
+    let (a, gw, first) = saturated(
+        |c| {
+            c.admission.tenant_weights = [("big".to_string(), 10)].into();
+        },
+        via,
+    )
+    .await;
+    let mut handles = vec![first];
+    let mut n = 0;
+    for (tag, len, count) in [("big", 4000, 4), ("small", 400, 8)] {
+        for _ in 0..count {
+            handles.push(send(
+                &gw,
+                via,
+                body(tag, len, None),
+                &[("x-kvgate-tenant", tag)],
+            ));
+            n += 1;
+            wait_queued(&gw, n).await;
+        }
+    }
+    for k in 2..=13 {
+        next(&a, k).await;
+    }
+    a.release(1);
+    for h in handles {
+        assert_eq!(h.await.unwrap().status(), 200);
+    }
+    let order: Vec<String> = (1..13).map(|i| tag_of(&a, i)).collect();
+    let big_early = order[..7].iter().filter(|t| *t == "big").count();
+    assert!(
+        big_early >= 3,
+        "big was not given its weighted share: {order:?}"
+    );
 }
 
 async fn gateway_endpoints_are_served_while_the_queue_is_full(via: Via) {

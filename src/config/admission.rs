@@ -30,7 +30,13 @@ pub struct AdmissionConfig {
     /// Request header naming the tenant for fair share; requests without it share one default
     /// tenant.
     pub tenant_header: String,
+    /// Weights of named tenants (1 to 1000; unnamed tenants weigh 1): while backlogged, a tenant
+    /// of weight w is served w times the tokens of a tenant of weight 1.
+    pub tenant_weights: std::collections::BTreeMap<String, u32>,
 }
+
+/// Most tenants `tenant_weights` may name.
+pub const MAX_WEIGHTED_TENANTS: usize = 10_000;
 
 impl Default for AdmissionConfig {
     fn default() -> Self {
@@ -43,6 +49,7 @@ impl Default for AdmissionConfig {
             max_queued_tokens: 4_000_000,
             max_wait_ms: 15_000,
             tenant_header: "x-kvgate-tenant".to_string(),
+            tenant_weights: Default::default(),
         }
     }
 }
@@ -69,6 +76,16 @@ impl AdmissionConfig {
         if http::HeaderName::from_bytes(self.tenant_header.as_bytes()).is_err() {
             return Err(("tenant_header", "not a valid HTTP header name"));
         }
+        if self.tenant_weights.len() > MAX_WEIGHTED_TENANTS {
+            return Err(("tenant_weights", "names more than 10000 tenants"));
+        }
+        if self
+            .tenant_weights
+            .values()
+            .any(|w| !(1..=1000).contains(w))
+        {
+            return Err(("tenant_weights", "every weight must be between 1 and 1000"));
+        }
         Ok(())
     }
 }
@@ -90,5 +107,12 @@ mod tests {
             ..AdmissionConfig::default()
         };
         assert_eq!(c.validate().unwrap_err().0, "tenant_header");
+        for w in [0, 1001] {
+            let c = AdmissionConfig {
+                tenant_weights: [("a".to_string(), w)].into(),
+                ..AdmissionConfig::default()
+            };
+            assert_eq!(c.validate().unwrap_err().0, "tenant_weights");
+        }
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! Each tenant has a virtual token counter: the tokens of its entries served so far. [`FairQueue::pop`]
 //! serves the head of the backlogged tenant with the smallest counter (ties: the oldest head) and
-//! adds its cost to that tenant's counter. A tenant that becomes backlogged has its counter raised
+//! adds its cost, divided by the tenant's weight, to that tenant's counter. A tenant that becomes backlogged has its counter raised
 //! to the smallest counter among the backlogged tenants (or, if none is, to the counter the last
 //! served entry started from), so a tenant that was idle, or is new, gets no credit for that time.
 //! This is start-time fair queueing with tokens as the service unit (the "virtual token counter"
@@ -11,7 +11,8 @@
 //! Invariants:
 //! - Entries of one tenant leave in the order they arrived (FIFO within a tenant).
 //! - Two tenants backlogged over a run of pops with equal counters at its start are served token
-//!   totals that differ by at most the largest single entry's cost, after every pop.
+//!   totals that, divided by their weights, differ by at most the largest single entry's
+//!   cost ÷ weight (plus one for rounding), after every pop.
 //! - `ready` holds exactly one key per backlogged tenant: `(counter, head id, tenant)`.
 //! - Idle tenants' counters are kept only while they could still matter (above the virtual
 //!   time), and at most [`MAX_IDLE_TENANTS`] of them.
@@ -110,7 +111,7 @@ impl<T> FairQueue<T> {
         let t = self.tenants.get_mut(&tenant)?;
         let e = t.entries.pop_front()?;
         self.vtime = self.vtime.max(counter);
-        t.counter = counter.saturating_add(e.cost);
+        t.counter = counter.saturating_add(e.cost.div_ceil(u64::from(e.weight.max(1))));
         if let Some(next) = t.entries.front() {
             self.ready.insert((t.counter, next.id, tenant));
         }
@@ -184,9 +185,36 @@ mod tests {
             priority: Priority::Standard,
             tenant: TenantId(tenant),
             cost,
+            weight: 1,
             enqueued_at: 0,
             payload: (),
         }
+    }
+
+    #[test]
+    fn a_heavier_tenant_is_served_in_proportion_to_its_weight() {
+        // Tenant 1 weighs 3, tenant 2 weighs 1, equal request sizes: 3 of every 4 pops are 1's.
+        let mut q = FairQueue::default();
+        for i in 0..400 {
+            let mut e = entry(i, 1 + (i % 2), 90);
+            if e.tenant == TenantId(1) {
+                e.weight = 3;
+            }
+            q.push(e);
+        }
+        let mut served = [0u64; 3];
+        for n in 1..=200 {
+            let e = q.pop().unwrap();
+            served[e.tenant.0 as usize] += e.cost;
+            // Served tokens ÷ weight stay within one request's charge of each other.
+            let (a, b) = (served[1] / 3, served[2]);
+            assert!(a.abs_diff(b) <= 90, "after {n} pops: {served:?}");
+        }
+        assert_eq!(served[1] + served[2], 200 * 90);
+        assert!(
+            (served[1] as f64 / served[2] as f64 - 3.0).abs() < 0.1,
+            "{served:?}"
+        );
     }
 
     #[test]

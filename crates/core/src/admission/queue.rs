@@ -36,6 +36,8 @@ pub struct Queued<T> {
     pub tenant: TenantId,
     /// Its cost in tokens (prompt plus expected output).
     pub cost: u64,
+    /// Its tenant's weight (at least 1): the tenant's counter grows by `cost / weight`.
+    pub weight: u32,
     /// When it was queued.
     pub enqueued_at: Millis,
     /// The caller's handle on the waiter.
@@ -134,12 +136,26 @@ impl<T> WaitQueue<T> {
         }
     }
 
-    /// Queues a request of `cost` tokens, evicting lower-priority entries if that is the only way
-    /// it fits; refused (payload back) when it cannot fit.
+    /// Queues a request of `cost` tokens from a tenant of weight 1 (see [`Self::push_weighted`]).
     pub fn push(
         &mut self,
         priority: Priority,
         tenant: TenantId,
+        cost: u64,
+        now: Millis,
+        payload: T,
+    ) -> Result<Pushed<T>, Rejected<T>> {
+        self.push_weighted(priority, (tenant, 1), cost, now, payload)
+    }
+
+    /// Queues a request of `cost` tokens from `tenant` with its weight (a tenant of weight w is
+    /// served w times the tokens of a tenant of weight 1 while both are backlogged), evicting
+    /// lower-priority entries if that is the only way it fits; refused (payload back) when it
+    /// cannot fit.
+    pub fn push_weighted(
+        &mut self,
+        priority: Priority,
+        (tenant, weight): (TenantId, u32),
         cost: u64,
         now: Millis,
         payload: T,
@@ -181,6 +197,7 @@ impl<T> WaitQueue<T> {
             priority,
             tenant,
             cost,
+            weight: weight.max(1),
             enqueued_at: now,
             payload,
         });
