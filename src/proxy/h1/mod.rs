@@ -94,33 +94,23 @@ pub async fn serve(
         let mut idle = buf.is_empty();
         let mut deadline = Instant::now() + if idle { limits.idle } else { limits.header };
         let head = loop {
-            match head::parse(&buf, limit, rid_name.as_str().as_bytes()) {
+            let to_hyper = match head::parse(&buf, limit, rid_name.as_str().as_bytes()) {
                 // A complete head beyond the cap goes to hyper too, which answers 431 for it
                 // as for a partial one.
                 Parsed::Serve(h) if h.len <= MAX_HEAD_BYTES => break h,
-                Parsed::Serve(_) | Parsed::HandOff => {
-                    return Box::pin(hand_off(
-                        stream,
-                        buf.freeze(),
-                        conns,
-                        watcher,
-                        permit,
-                        deadline,
-                    ))
-                    .await
-                }
-                Parsed::Partial if buf.len() >= MAX_HEAD_BYTES => {
-                    return Box::pin(hand_off(
-                        stream,
-                        buf.freeze(),
-                        conns,
-                        watcher,
-                        permit,
-                        deadline,
-                    ))
-                    .await
-                }
-                Parsed::Partial => {}
+                Parsed::Serve(_) | Parsed::HandOff => true,
+                Parsed::Partial => buf.len() >= MAX_HEAD_BYTES,
+            };
+            if to_hyper {
+                return Box::pin(hand_off(
+                    stream,
+                    buf.freeze(),
+                    conns,
+                    watcher,
+                    permit,
+                    deadline,
+                ))
+                .await;
             }
             buf.reserve(READ_RESERVE);
             let read = tokio::select! {
