@@ -265,7 +265,12 @@ fn integer<T: std::str::FromStr>(r: &mut Reader<'_>) -> Result<Option<T>, Gatewa
     match r.expect_value()? {
         Kind::Number => {
             let (digits, integer) = r.number()?;
-            Ok(if integer { digits.parse().ok() } else { None })
+            // `-0` is read as a float by serde_json (so by engines built on it): not an integer.
+            Ok(if integer && digits != "-0" {
+                digits.parse().ok()
+            } else {
+                None
+            })
         }
         _ => {
             r.skip_value()?;
@@ -630,11 +635,12 @@ mod tests {
 
     #[test]
     fn priority_is_read_leniently() {
-        let cases: [(&[u8], Option<i64>); 5] = [
+        let cases: [(&[u8], Option<i64>); 6] = [
             (br#"{"prompt":"x","priority":-3}"#, Some(-3)),
             (br#"{"prompt":"x","priority":0}"#, Some(0)),
             (br#"{"prompt":"x","priority":"high"}"#, None),
             (br#"{"prompt":"x","priority":1.5}"#, None),
+            (br#"{"prompt":"x","priority":-0}"#, None),
             (br#"{"prompt":"x"}"#, None),
         ];
         for (body, want) in cases {
