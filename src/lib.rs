@@ -56,6 +56,8 @@
 //!   embedded default fleet.
 //! - `crates/events` — engine KV event ingestion into the index.
 //! - `crates/gossip` — replica gossip of placements and load.
+//! - `crates/discovery` — discovery sources (static, DNS, Kubernetes), each publishing the whole
+//!   current endpoint set of a pool on a watch channel.
 //! - `loadtest/` — trace replay, synthetic workloads, offline policy simulation, comparisons;
 //!   `loadtest/overhead.sh` measures the proxy's own cost against nginx.
 //!   `loadtest/flood.sh` runs the flood of `tests/flood.rs` (slow clients, idle connections,

@@ -1,0 +1,112 @@
+//! `[pools.discovery]`: which source finds a pool's instances, and its settings. Defaults live
+//! here and are read, never copied.
+//!
+//! ```toml
+//! [[pools]]
+//! model = "llama"
+//! [pools.discovery]
+//! source = "kubernetes"       # "static" (default: the pool's `instances`), "dns", "kubernetes"
+//! namespace = "inference"     # kubernetes: default the pod's own namespace
+//! service = "vllm"            # kubernetes: the EndpointSlices of this Service, or
+//! # selector = "app=vllm"     #   pods matching this label selector, or
+//! # inference_pool = "llama"  #   the pods of this InferencePool (its selector and target port)
+//! port = 8000                 # engine HTTP port (dns, and kubernetes when the object has none)
+//! # name = "vllm-headless.inference.svc.cluster.local"   # dns: the name to resolve
+//! kv_events_port = 5557       # optional: KV events at tcp://<ip>:<port> on every endpoint
+//! kv_replay_port = 5558       # optional
+//! ```
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Which kind of source a pool uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceKind {
+    /// The pool's `instances` list (the default).
+    #[default]
+    Static,
+    /// The A/AAAA records of `name`, re-resolved every `interval_ms`.
+    Dns,
+    /// EndpointSlices of `service`, pods by `selector`, or an `InferencePool`, watched.
+    Kubernetes,
+}
+
+/// A pool's discovery settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// Which source.
+    #[serde(default)]
+    pub source: SourceKind,
+    /// dns: the host name to resolve (a headless Service's name in Kubernetes).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// dns: re-resolution interval.
+    #[serde(default = "DiscoveryConfig::default_interval_ms")]
+    pub interval_ms: u64,
+    /// Engine HTTP port: for dns always; for kubernetes when the watched object names none.
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// kubernetes: the namespace; default the pod's own (in cluster) or the kubeconfig's.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// kubernetes: the Service whose EndpointSlices list the engines.
+    #[serde(default)]
+    pub service: Option<String>,
+    /// kubernetes: a label selector over pods (`app=vllm,tier=gpu`).
+    #[serde(default)]
+    pub selector: Option<String>,
+    /// kubernetes: the `InferencePool` whose selector and target port name the engines.
+    #[serde(default)]
+    pub inference_pool: Option<String>,
+    /// kubernetes: a kubeconfig file; default in-cluster config, else `$KUBECONFIG` /
+    /// `~/.kube/config`.
+    #[serde(default)]
+    pub kubeconfig: Option<PathBuf>,
+    /// KV events port on every discovered endpoint (`tcp://<ip>:<port>`), unless the pod's
+    /// annotation names another.
+    #[serde(default)]
+    pub kv_events_port: Option<u16>,
+    /// KV event replay port on every discovered endpoint, unless annotated.
+    #[serde(default)]
+    pub kv_replay_port: Option<u16>,
+    /// How long a removed instance keeps its in-flight requests and streams before its state
+    /// (index entries, load, learned rates) is dropped.
+    #[serde(default = "DiscoveryConfig::default_drain_grace_ms")]
+    pub drain_grace_ms: u64,
+}
+
+impl DiscoveryConfig {
+    /// Default DNS re-resolution interval: 5 s.
+    pub const DEFAULT_INTERVAL_MS: u64 = 5_000;
+    /// Default drain grace: 30 s, Kubernetes' default termination grace.
+    pub const DEFAULT_DRAIN_GRACE_MS: u64 = 30_000;
+
+    fn default_interval_ms() -> u64 {
+        Self::DEFAULT_INTERVAL_MS
+    }
+
+    fn default_drain_grace_ms() -> u64 {
+        Self::DEFAULT_DRAIN_GRACE_MS
+    }
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        Self {
+            source: SourceKind::default(),
+            name: None,
+            interval_ms: Self::DEFAULT_INTERVAL_MS,
+            port: None,
+            namespace: None,
+            service: None,
+            selector: None,
+            inference_pool: None,
+            kubeconfig: None,
+            kv_events_port: None,
+            kv_replay_port: None,
+            drain_grace_ms: Self::DEFAULT_DRAIN_GRACE_MS,
+        }
+    }
+}
