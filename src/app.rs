@@ -54,6 +54,8 @@ pub struct Shared {
     pub offload: crate::proxy::offload::Offload,
     /// `[server.limits]` in force: deadlines, the connection cap, the body budget.
     pub limits: proxy::limits::Limits,
+    /// Client API keys (`[auth]`), reloaded in place.
+    pub auth: Arc<crate::auth::Keys>,
 }
 
 impl Deref for AppState {
@@ -90,8 +92,12 @@ impl AppState {
         let request_id_header = HeaderName::from_bytes(config.server.request_id_header.as_bytes())
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         let limits = proxy::limits::Limits::new(&config.server);
+        let env_keys = std::env::var(crate::auth::ENV_KEYS).ok();
+        let auth = crate::auth::Keys::load(&config.auth, env_keys.as_deref())
+            .map_err(|e| GatewayError::Internal(e.to_string()))?;
         Ok(AppState(Arc::new(Shared {
             limits,
+            auth: Arc::new(auth),
             config: Arc::new(config),
             fleet,
             routing,
@@ -142,6 +148,11 @@ pub fn spawn_background(
         token.clone(),
     );
     handles.extend(crate::events::spawn(state, token.clone()));
+    handles.push(tokio::spawn(crate::auth::reload_loop(
+        state.auth.clone(),
+        state.config.auth.clone(),
+        token.clone(),
+    )));
     if let Some(g) = state.routing.gossip().cloned() {
         handles.push(tokio::spawn(publish_to_gossip(
             state.clone(),

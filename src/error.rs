@@ -123,6 +123,12 @@ pub enum GatewayError {
         /// The predicted drain time, seconds (the `Retry-After` header).
         retry_after_s: u64,
     },
+    /// `auth.enabled` and the request carried no key, or a key the gateway does not know.
+    #[error("invalid or missing API key")]
+    InvalidApiKey,
+    /// The key's tenant may not use this model.
+    #[error("model `{0}` is not allowed for this API key")]
+    ModelNotAllowed(String),
     /// Every tokenizing thread is busy and the queue for them is full or was waited on too long.
     #[error("the gateway's tokenizers are busy ({queued} prompts waiting); retry shortly")]
     TokenizerBusy {
@@ -149,6 +155,8 @@ impl GatewayError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             UnknownModel(_) | NotFound(_) => StatusCode::NOT_FOUND,
+            InvalidApiKey => StatusCode::UNAUTHORIZED,
+            ModelNotAllowed(_) => StatusCode::FORBIDDEN,
             NoHealthyInstance { .. } => StatusCode::SERVICE_UNAVAILABLE,
             UpstreamConnect { .. } | UpstreamProtocol { .. } => StatusCode::BAD_GATEWAY,
             UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -172,6 +180,8 @@ impl GatewayError {
             | BodyTimeout { .. }
             | UnknownModel(_)
             | ModelRequired
+            | InvalidApiKey
+            | ModelNotAllowed(_)
             | NotFound(_) => Fault::Client,
             UpstreamConnect { .. } | UpstreamTimeout { .. } | UpstreamProtocol { .. } => {
                 Fault::Upstream
@@ -242,6 +252,8 @@ impl GatewayError {
             Internal(_) => "internal_error",
             Overloaded { .. } => "overloaded",
             TokenizerBusy { .. } => "tokenizer_busy",
+            InvalidApiKey => "invalid_api_key",
+            ModelNotAllowed(_) => "model_not_allowed",
         }
     }
 
@@ -289,6 +301,9 @@ impl IntoResponse for GatewayError {
         {
             h.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_s));
             h.insert(X_REJECT_REASON, HeaderValue::from_static(reason));
+        }
+        if matches!(self, GatewayError::InvalidApiKey) {
+            h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         if self.closes_connection() {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));

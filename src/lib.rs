@@ -67,6 +67,7 @@ pub mod admin;
 pub mod admission;
 pub mod alloc;
 pub mod app;
+pub mod auth;
 pub mod client;
 pub mod clock;
 pub mod config;

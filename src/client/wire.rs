@@ -91,6 +91,13 @@ impl Fields {
         })
     }
 
+    /// Keeps only the fields whose name `keep` accepts.
+    pub fn retain(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
+        let head = &self.head;
+        self.spans
+            .retain(|&(n, nl, _, _)| keep(&head[n as usize..(n + nl) as usize]));
+    }
+
     /// The fields as a header map; values share the head's bytes.
     pub fn to_header_map(&self) -> HeaderMap {
         let mut map = HeaderMap::with_capacity(self.spans.len() + SPARE_HEADERS);

@@ -8,6 +8,7 @@
 //! - Unknown keys and invalid values are start-up errors that name the key.
 
 mod admission;
+mod auth;
 pub mod env;
 mod pools;
 mod routing;
@@ -15,6 +16,7 @@ mod server;
 mod upstream;
 
 pub use admission::AdmissionConfig;
+pub use auth::AuthConfig;
 pub use pools::{Flavour, InstanceConfig, PoolConfig, SimConfig};
 pub use routing::{HashMode, IndexSection, RoutingConfig, TokenizeSection};
 pub use server::{LimitsConfig, LogFormat, ServerConfig};
@@ -47,6 +49,8 @@ pub struct Config {
     pub gossip: kvgate_gossip::GossipConfig,
     /// Admission control: per-pool wait queues while pools are saturated.
     pub admission: AdmissionConfig,
+    /// Client authentication: API keys, their tenants and allowed models.
+    pub auth: AuthConfig,
 }
 
 /// A configuration problem, naming the offending key (or environment variable).

@@ -27,6 +27,19 @@ pub fn find<'a>(headers: &crate::client::OutHeaders<'a>, name: &str) -> Option<&
     }
 }
 
+/// Whether a client's field `name` may reach the instance and kvgate's own hint readers: no
+/// `x-kvgate-*` field but the ones kvgate accepts from clients (`x-kvgate-priority` and the
+/// admission tenant header), and no client API key when `strip_key`.
+pub fn from_client(name: &[u8], tenant_header: &str, strip_key: bool) -> bool {
+    const PREFIX: &[u8] = b"x-kvgate-";
+    if name.len() >= PREFIX.len() && name[..PREFIX.len()].eq_ignore_ascii_case(PREFIX) {
+        return name.eq_ignore_ascii_case(crate::admission::PRIORITY_HEADER.as_bytes())
+            || name.eq_ignore_ascii_case(tenant_header.as_bytes());
+    }
+    !(strip_key
+        && (name.eq_ignore_ascii_case(b"authorization") || name.eq_ignore_ascii_case(b"x-api-key")))
+}
+
 /// Removes hop-by-hop headers ([`HOP_BY_HOP`], and those listed in `Connection`) in place.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass of cheap comparisons first: usually there is nothing to remove, and a removal

@@ -104,12 +104,22 @@ where
         let mut up = parts.headers;
         headers::strip_hop_by_hop(&mut up);
         up.remove(&state.request_id_header);
+        let who = state.auth.check(&OutHeaders::Map(&up))?;
+        let (tenant_header, strip_key) = client_filter(&state);
+        let dropped: Vec<http::HeaderName> = up
+            .keys()
+            .filter(|n| !headers::from_client(n.as_str().as_bytes(), tenant_header, strip_key))
+            .cloned()
+            .collect();
+        for n in dropped {
+            up.remove(n);
+        }
         let out = Upstream {
             headers: OutHeaders::Map(&up),
             query: parts.uri.query(),
             body: bytes,
         };
-        let forwarded = forward(&state, endpoint, out, &rid, started).await;
+        let forwarded = forward(&state, endpoint, out, who, &rid, started).await;
         // The body was forwarded (or refused) and is dropped with the request.
         drop(reserved);
         forwarded
@@ -140,19 +150,33 @@ pub async fn handle_raw(state: &AppState, endpoint: Endpoint, req: RawRequest) -
     let rid = headers::request_id(req.request_id.as_ref());
     // Checked without an async block around `forward`: its future is large, and each enclosing
     // future copies it once more.
-    let checked = headers::is_json(req.content_type.as_ref());
-    let result = match checked {
-        Ok(()) => {
+    let checked =
+        headers::is_json(req.content_type.as_ref()).map_err(GatewayError::UnsupportedMediaType);
+    let mut fields = req.fields;
+    let who = checked.and_then(|()| state.auth.check(&OutHeaders::Fields(&fields)));
+    let result = match who {
+        Ok(who) => {
+            let (tenant_header, strip_key) = client_filter(state);
+            fields.retain(|n| headers::from_client(n, tenant_header, strip_key));
             let out = Upstream {
-                headers: OutHeaders::Fields(&req.fields),
+                headers: OutHeaders::Fields(&fields),
                 query: req.target.as_ref().and_then(|t| t.query()),
                 body: req.body,
             };
-            forward(state, endpoint, out, &rid, started).await
+            forward(state, endpoint, out, who, &rid, started).await
         }
-        Err(media) => Err(GatewayError::UnsupportedMediaType(media)),
+        Err(e) => Err(e),
     };
     answer(state, endpoint, result, rid)
+}
+
+/// What [`headers::from_client`] filters by: the tenant header and whether to strip the key.
+fn client_filter(state: &AppState) -> (&str, bool) {
+    let auth = &state.config.auth;
+    (
+        state.admission.tenant_header().as_str(),
+        auth.enabled && !auth.forward_client_key,
+    )
 }
 
 /// The answer to a request [`h1`] refuses before reading all of its body (a limit): the error's,
@@ -275,6 +299,7 @@ async fn forward(
     state: &AppState,
     endpoint: Endpoint,
     req: Upstream<'_>,
+    who: Option<crate::auth::Principal>,
     rid: &HeaderValue,
     started: Instant,
 ) -> Result<Reply, GatewayError> {
@@ -288,6 +313,15 @@ async fn forward(
         offload::ready(state, endpoint, &bytes)?
     };
     let pool = &state.fleet.pools()[ready.pool];
+    if let Some(p) = &who {
+        if !p.allows(&pool.model) {
+            return Err(if state.config.auth.hide_disallowed_models {
+                GatewayError::UnknownModel(pool.model.clone())
+            } else {
+                GatewayError::ModelNotAllowed(pool.model.clone())
+            });
+        }
+    }
     let (prep, stream, body_priority) = (ready.prep, ready.stream, ready.priority);
     let adm = &state.admission;
     let mut gate = if adm.enabled() {
@@ -296,7 +330,11 @@ async fn forward(
             pool.index,
             headers::find(&req.headers, PRIORITY_HEADER),
             body_priority,
-            headers::find(&req.headers, adm.tenant_header().as_str()),
+            // With keys, the key names the tenant; the client cannot choose one.
+            match &who {
+                Some(p) => Some(p.tenant.as_bytes()),
+                None => headers::find(&req.headers, adm.tenant_header().as_str()),
+            },
             u64::from(prep.prompt_tokens) + u64::from(output),
         )
     } else {

@@ -1,0 +1,308 @@
+//! Client API keys: who is calling, as which tenant, allowed which models.
+//!
+//! Invariants:
+//! - Keys are held only as SHA-256 digests; a presented key is hashed and compared against every
+//!   stored digest in constant time ([`subtle`]), so neither timing nor a memory dump gives a key.
+//! - No key ever reaches a log line or `Debug` output: [`Principal`] and [`Keys`] print tenants only.
+//! - A keys file that fails to read or parse on reload keeps the keys in force (logged as an error).
+//! - A keys file is read with a bound ([`MAX_KEYS_FILE_BYTES`]).
+
+use crate::client::OutHeaders;
+use crate::config::AuthConfig;
+use crate::error::GatewayError;
+use parking_lot::RwLock;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use std::time::Duration;
+use subtle::ConstantTimeEq;
+use tokio_util::sync::CancellationToken;
+
+/// Environment variable holding extra keys: comma-separated `key:tenant` pairs.
+pub const ENV_KEYS: &str = "KVGATE_API_KEYS";
+/// The largest keys file read, bytes.
+pub const MAX_KEYS_FILE_BYTES: u64 = 1 << 20;
+
+/// Who a valid key belongs to.
+#[derive(Clone, Debug)]
+pub struct Principal {
+    /// The key's tenant (admission fair share, audit, metrics).
+    pub tenant: Arc<str>,
+    /// Models the key may use; `None` = all.
+    pub models: Option<Arc<[String]>>,
+}
+
+impl Principal {
+    /// Whether this principal may use `model`.
+    pub fn allows(&self, model: &str) -> bool {
+        self.models
+            .as_ref()
+            .is_none_or(|m| m.iter().any(|x| x == model))
+    }
+}
+
+struct Entry {
+    digest: [u8; 32],
+    who: Principal,
+}
+
+/// The keys in force, replaceable on reload.
+pub struct Keys {
+    enabled: bool,
+    entries: RwLock<Arc<Vec<Entry>>>,
+    env: Vec<Entry>,
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keys")
+            .field("enabled", &self.enabled)
+            .field("count", &self.entries.read().len())
+            .finish()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeysFile {
+    #[serde(default)]
+    keys: Vec<KeyEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyEntry {
+    key: String,
+    tenant: String,
+    #[serde(default)]
+    models: Option<Vec<String>>,
+}
+
+/// A keys source that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KeysError {
+    /// The file could not be read.
+    #[error("cannot read keys file {0}: {1}")]
+    Read(String, std::io::Error),
+    /// The file is larger than [`MAX_KEYS_FILE_BYTES`].
+    #[error("keys file {0} is larger than {MAX_KEYS_FILE_BYTES} bytes")]
+    TooLarge(String),
+    /// The file is not a valid keys file.
+    #[error("keys file {0} is invalid: {1}")]
+    Parse(String, String),
+    /// `KVGATE_API_KEYS` is not `key:tenant` pairs.
+    #[error("{ENV_KEYS} must be comma-separated key:tenant pairs")]
+    Env,
+}
+
+fn digest(key: &[u8]) -> [u8; 32] {
+    Sha256::digest(key).into()
+}
+
+fn entry(key: &str, tenant: &str, models: Option<Vec<String>>) -> Entry {
+    Entry {
+        digest: digest(key.as_bytes()),
+        who: Principal {
+            tenant: tenant.into(),
+            models: models.map(Into::into),
+        },
+    }
+}
+
+/// Parses a keys file's text.
+fn parse_file(origin: &str, text: &str) -> Result<Vec<Entry>, KeysError> {
+    let file: KeysFile =
+        toml::from_str(text).map_err(|e| KeysError::Parse(origin.into(), e.to_string()))?;
+    file.keys
+        .into_iter()
+        .map(|k| {
+            if k.key.is_empty() || k.tenant.is_empty() {
+                return Err(KeysError::Parse(
+                    origin.into(),
+                    "every key needs a non-empty key and tenant".into(),
+                ));
+            }
+            Ok(entry(&k.key, &k.tenant, k.models))
+        })
+        .collect()
+}
+
+/// Parses `key:tenant,key:tenant`.
+fn parse_env(text: &str) -> Result<Vec<Entry>, KeysError> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.rsplit_once(':') {
+            Some((k, t)) if !k.is_empty() && !t.is_empty() => Ok(entry(k, t, None)),
+            _ => Err(KeysError::Env),
+        })
+        .collect()
+}
+
+/// Reads a keys file under the size bound.
+fn read_file(path: &str) -> Result<String, KeysError> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).map_err(|e| KeysError::Read(path.into(), e))?;
+    let mut text = String::new();
+    f.take(MAX_KEYS_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| KeysError::Read(path.into(), e))?;
+    if text.len() as u64 > MAX_KEYS_FILE_BYTES {
+        return Err(KeysError::TooLarge(path.into()));
+    }
+    Ok(text)
+}
+
+impl Keys {
+    /// The keys `cfg` names (file, then [`ENV_KEYS`] from `env_keys`). Off: no keys, no checks.
+    pub fn load(cfg: &AuthConfig, env_keys: Option<&str>) -> Result<Keys, KeysError> {
+        let env = match env_keys {
+            Some(t) if cfg.enabled => parse_env(t)?,
+            _ => Vec::new(),
+        };
+        let file = if cfg.enabled && !cfg.keys_file.is_empty() {
+            parse_file(&cfg.keys_file, &read_file(&cfg.keys_file)?)?
+        } else {
+            Vec::new()
+        };
+        Ok(Keys {
+            enabled: cfg.enabled,
+            entries: RwLock::new(Arc::new(file)),
+            env,
+        })
+    }
+
+    /// Whether keys are required.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// The principal of `key`, compared against every digest in constant time.
+    fn lookup(&self, key: &[u8]) -> Option<Principal> {
+        let d = digest(key);
+        let file = self.entries.read().clone();
+        let mut found = None;
+        for e in file.iter().chain(self.env.iter()) {
+            // No early exit: the time taken does not depend on which entry matched.
+            if bool::from(e.digest.ct_eq(&d)) && found.is_none() {
+                found = Some(e.who.clone());
+            }
+        }
+        found
+    }
+
+    /// The request's principal: `Ok(None)` when auth is off, 401 when on and the request's
+    /// `Authorization: Bearer` / `x-api-key` key is missing or unknown.
+    pub fn check(&self, headers: &OutHeaders<'_>) -> Result<Option<Principal>, GatewayError> {
+        if !self.enabled {
+            return Ok(None);
+        }
+        let key = presented(headers).ok_or(GatewayError::InvalidApiKey)?;
+        self.lookup(key)
+            .map(Some)
+            .ok_or(GatewayError::InvalidApiKey)
+    }
+
+    /// Replaces the file's keys with `text`'s; on error keeps the old ones.
+    fn replace(&self, origin: &str, text: &str) -> Result<usize, KeysError> {
+        let new = parse_file(origin, text)?;
+        let n = new.len();
+        *self.entries.write() = Arc::new(new);
+        Ok(n)
+    }
+}
+
+/// The key a request presents: `Authorization: Bearer <key>`, else `x-api-key`.
+fn presented<'a>(headers: &OutHeaders<'a>) -> Option<&'a [u8]> {
+    let bearer = crate::proxy::headers::find(headers, "authorization").and_then(|v| {
+        let v = v.trim_ascii();
+        (v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ")).then(|| v[7..].trim_ascii())
+    });
+    bearer
+        .or_else(|| crate::proxy::headers::find(headers, "x-api-key").map(<[u8]>::trim_ascii))
+        .filter(|k| !k.is_empty())
+}
+
+/// Reloads `cfg.keys_file` whenever its content changes, every `cfg.reload_interval_ms`, until
+/// `token` is cancelled.
+pub async fn reload_loop(keys: Arc<Keys>, cfg: AuthConfig, token: CancellationToken) {
+    if !cfg.enabled || cfg.keys_file.is_empty() {
+        return;
+    }
+    let mut last = read_file(&cfg.keys_file).ok();
+    let mut tick = tokio::time::interval(Duration::from_millis(cfg.reload_interval_ms.max(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let path = cfg.keys_file.clone();
+        let read = tokio::task::spawn_blocking(move || read_file(&path)).await;
+        let text = match read {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => {
+                tracing::error!("keys file reload failed, keeping the keys in force: {e}");
+                continue;
+            }
+            Err(_) => continue,
+        };
+        if last.as_deref() == Some(text.as_str()) {
+            continue;
+        }
+        match keys.replace(&cfg.keys_file, &text) {
+            Ok(n) => tracing::info!(keys = n, "keys file reloaded"),
+            Err(e) => tracing::error!("keys file reload failed, keeping the keys in force: {e}"),
+        }
+        last = Some(text);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on() -> AuthConfig {
+        AuthConfig {
+            enabled: true,
+            ..AuthConfig::default()
+        }
+    }
+
+    #[test]
+    fn env_keys_and_both_header_styles() {
+        let keys = Keys::load(&on(), Some("sk-a:alpha, sk-b:beta")).unwrap();
+        let mut h = http::HeaderMap::new();
+        assert!(keys.check(&OutHeaders::Map(&h)).is_err());
+        h.insert("authorization", "Bearer sk-b".parse().unwrap());
+        let p = keys.check(&OutHeaders::Map(&h)).unwrap().unwrap();
+        assert_eq!(&*p.tenant, "beta");
+        h.clear();
+        h.insert("x-api-key", "sk-a".parse().unwrap());
+        let p = keys.check(&OutHeaders::Map(&h)).unwrap().unwrap();
+        assert_eq!(&*p.tenant, "alpha");
+        h.insert("x-api-key", "sk-c".parse().unwrap());
+        assert!(keys.check(&OutHeaders::Map(&h)).is_err());
+        assert!(!format!("{keys:?}").contains("sk-"));
+    }
+
+    #[test]
+    fn bad_reload_keeps_old_keys() {
+        let keys = Keys::load(&on(), None).unwrap();
+        keys.replace(
+            "f",
+            "[[keys]]\nkey = \"k1\"\ntenant = \"t\"\nmodels = [\"m\"]\n",
+        )
+        .unwrap();
+        assert!(keys.replace("f", "not toml [").is_err());
+        let p = keys.lookup(b"k1").unwrap();
+        assert!(p.allows("m") && !p.allows("other"));
+    }
+
+    #[test]
+    fn off_checks_nothing() {
+        let keys = Keys::load(&AuthConfig::default(), Some("x:y")).unwrap();
+        let h = http::HeaderMap::new();
+        assert!(keys.check(&OutHeaders::Map(&h)).unwrap().is_none());
+    }
+}

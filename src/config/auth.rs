@@ -1,0 +1,37 @@
+//! `[auth]`: client API keys.
+//!
+//! Invariant: off by default; the keys themselves never live in this struct (only where to find
+//! them), so printing the config never prints a key.
+
+use serde::{Deserialize, Serialize};
+
+/// Client authentication.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Require an API key (`Authorization: Bearer <key>` or `x-api-key: <key>`) on the proxied
+    /// endpoints and `/v1/models`.
+    pub enabled: bool,
+    /// A TOML file of `[[keys]]` tables (`key`, `tenant`, optional `models`); empty = none.
+    /// Reloaded when its content changes, every `reload_interval_ms`.
+    pub keys_file: String,
+    /// How often the keys file is checked for changes, milliseconds.
+    pub reload_interval_ms: u64,
+    /// Answer 404 `model_not_found` instead of 403 `model_not_allowed` for a model outside the
+    /// key's allow-list, so a tenant cannot learn which other models exist.
+    pub hide_disallowed_models: bool,
+    /// Forward the client's `Authorization` / `x-api-key` to the instance (off: stripped).
+    pub forward_client_key: bool,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            keys_file: String::new(),
+            reload_interval_ms: 2000,
+            hide_disallowed_models: false,
+            forward_client_key: false,
+        }
+    }
+}
