@@ -16,7 +16,7 @@ pub const ENV_SECRET: &str = "KVGATE_GOSSIP_SECRET";
 pub const MAX_UDP_PAYLOAD: usize = 65_507;
 
 /// Configuration of replica gossip. Maps to the `[gossip]` table of the gateway's config.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GossipConfig {
     /// Off by default: a single gateway needs no gossip.
@@ -33,10 +33,16 @@ pub struct GossipConfig {
     pub dns_seed: Option<String>,
     /// Cluster name; replicas with a different name never exchange state, even with one secret.
     pub cluster_id: String,
-    /// Shared cluster secret for HMAC-SHA256 (at least 16 bytes). Prefer the
-    /// `KVGATE_GOSSIP_SECRET` environment variable; never serialized.
+    /// Shared cluster secret (at least 16 bytes); the ChaCha20-Poly1305 key that seals every
+    /// datagram is derived from it. Prefer the `KVGATE_GOSSIP_SECRET` environment variable;
+    /// never serialized.
     #[serde(skip_serializing)]
     pub secret: String,
+    /// Further secrets accepted when opening datagrams (never used to seal), for key rotation:
+    /// add the new secret here everywhere, then make it `secret` (old one here), then drop the
+    /// old one. At most 4, each at least 16 bytes; never serialized.
+    #[serde(skip_serializing)]
+    pub previous_secrets: Vec<String>,
     /// How often pending routing decisions are batched and pushed to every live peer.
     pub flush_interval_ms: u64,
     /// How often this replica's in-flight load and health observations are pushed.
@@ -96,6 +102,7 @@ impl Default for GossipConfig {
             dns_seed: None,
             cluster_id: "kvgate".to_string(),
             secret: String::new(),
+            previous_secrets: Vec::new(),
             flush_interval_ms: 25,
             load_interval_ms: 50,
             probe_period_ms: 1_000,
@@ -112,6 +119,17 @@ impl Default for GossipConfig {
             snapshot_bytes_per_s: 8 * 1024 * 1024,
             max_clock_skew_ms: 30_000,
             forget_dead_peer_placements: true,
+        }
+    }
+}
+
+/// Shows every setting but the secrets (a log line or panic message must not leak them).
+impl std::fmt::Debug for GossipConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Serialization already skips the secrets: reuse it so no field is forgotten.
+        match serde_json::to_string(self) {
+            Ok(j) => write!(f, "GossipConfig {j} (secrets redacted)"),
+            Err(_) => f.write_str("GossipConfig (secrets redacted)"),
         }
     }
 }
@@ -153,6 +171,9 @@ impl GossipConfig {
                 "secret",
                 format!("must be at least 16 bytes (set {ENV_SECRET})"),
             ));
+        }
+        if self.previous_secrets.len() > 4 || self.previous_secrets.iter().any(|s| s.len() < 16) {
+            return Err(err("previous_secrets", "at most 4, each at least 16 bytes"));
         }
         if self.cluster_id.is_empty() || self.cluster_id.len() > 255 {
             return Err(err("cluster_id", "must be 1..=255 bytes"));
@@ -239,6 +260,20 @@ mod tests {
         let json = serde_json::to_string(&enabled()).unwrap();
         assert!(!json.contains("0123456789abcdef"));
         assert!(json.contains("cluster_id"));
+    }
+
+    #[test]
+    fn debug_redacts_secrets_and_previous_are_checked() {
+        let mut c = enabled();
+        c.previous_secrets = vec!["previous-secret-0123".into()];
+        assert_eq!(c.validate(), Ok(()));
+        let d = format!("{c:?}");
+        assert!(
+            !d.contains("0123456789abcdef") && !d.contains("previous-secret"),
+            "{d}"
+        );
+        c.previous_secrets.push("short".into());
+        assert_eq!(c.validate().map_err(|e| e.key), Err("previous_secrets"));
     }
 
     #[test]

@@ -148,7 +148,14 @@ impl Gossip {
         let (membership_tx, membership_rx) = mpsc::channel(1024);
         let (cfg_stride, cfg_max_checkpoints) = (cfg.checkpoint_stride, cfg.max_checkpoints);
         let inner = Arc::new(Inner {
-            keys: Keys::new(&cfg.cluster_id, cfg.secret.as_bytes()),
+            keys: Keys::with_previous(
+                &cfg.cluster_id,
+                cfg.secret.as_bytes(),
+                &cfg.previous_secrets
+                    .iter()
+                    .map(|s| s.as_bytes())
+                    .collect::<Vec<_>>(),
+            ),
             cfg,
             node_id,
             addr,

@@ -1,4 +1,4 @@
-//! The receive loop: authenticate, de-duplicate, dispatch.
+//! The receive loop: open (decrypt and authenticate), de-duplicate, dispatch.
 //!
 //! Invariants:
 //! - A datagram reaches a decoder only after [`Keys::open`](crate::wire::envelope::Keys::open) and
@@ -22,6 +22,8 @@ pub(crate) async fn run(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) 
     let max = inner.cfg.max_message_bytes;
     let mut buf = vec![0u8; max + 1];
     let mut guard = ReplayGuard::new(inner.cfg.max_clock_skew_ms);
+    // Decrypted payload, reused across datagrams.
+    let mut plain = Vec::with_capacity(max);
     loop {
         let (n, src) = tokio::select! {
             r = inner.transport.recv_from(&mut buf) => match r {
@@ -34,16 +36,22 @@ pub(crate) async fn run(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) 
             },
             _ = shutdown.changed() => break,
         };
-        handle(&inner, &buf[..n], src, &mut guard).await;
+        handle(&inner, &buf[..n], src, &mut guard, &mut plain).await;
     }
 }
 
-async fn handle(inner: &Arc<Inner>, d: &[u8], src: SocketAddr, guard: &mut ReplayGuard) {
+async fn handle(
+    inner: &Arc<Inner>,
+    d: &[u8],
+    src: SocketAddr,
+    guard: &mut ReplayGuard,
+    plain: &mut Vec<u8>,
+) {
     inner
         .stats
         .bytes_in
         .fetch_add(d.len() as u64, Ordering::Relaxed);
-    let (h, p) = match inner.keys.open(d, inner.cfg.max_message_bytes) {
+    let h = match inner.keys.open(d, inner.cfg.max_message_bytes, plain) {
         Ok(x) => x,
         Err(r) => {
             metrics::counter!(m::BYTES_TOTAL, "direction" => "in").increment(d.len() as u64);
@@ -59,7 +67,7 @@ async fn handle(inner: &Arc<Inner>, d: &[u8], src: SocketAddr, guard: &mut Repla
     }
     inner.stats.messages_in.fetch_add(1, Ordering::Relaxed);
     inner.heard(h.sender, src, d.len());
-    if dispatch(inner, &h, p, src).await.is_err() {
+    if dispatch(inner, &h, plain, src).await.is_err() {
         inner.reject(Reject::Malformed);
     }
 }
