@@ -184,9 +184,11 @@ impl Routing {
                 HashMode::Token => {
                     let spec = p.config.tokenizer.as_deref().unwrap_or("builtin");
                     Some(
-                        load_tokenizer(spec, p.config.chat_template.as_deref()).map_err(|e| {
-                            GatewayError::Internal(format!("pools[{}].tokenizer: {e}", p.index))
-                        })?,
+                        load_tokenizer(spec, p.config.chat_template.as_deref())
+                            .map_err(|e| {
+                                GatewayError::Internal(format!("pools[{}].tokenizer: {e}", p.index))
+                            })?
+                            .with_cache(cfg.routing.tokenizer_cache_bytes),
                     )
                 }
                 _ => None,

@@ -135,6 +135,9 @@ pub struct RoutingConfig {
     /// Recent decisions shown by `/admin/decisions`; each serving thread keeps its own newest
     /// ones (at most [`crate::decision_log::MAX_SHARDS`] logs).
     pub decision_log_size: usize,
+    /// Token mode: bytes of chat-prefix token ids kept per pool so a growing conversation is
+    /// tokenized only in its new text (0 disables the cache).
+    pub tokenizer_cache_bytes: u64,
     /// Per-instance speed: starting values and bounds of the rates learned from observed TTFT.
     pub rates: kvgate_core::load::RateConfig,
     /// Per-instance decode speed: starting values and bounds of the step model learned from
@@ -158,6 +161,7 @@ impl Default for RoutingConfig {
             text_bytes_per_token: 4,
             predicted_ttl_ms: 120_000,
             decision_log_size: 256,
+            tokenizer_cache_bytes: 256 * 1024 * 1024,
             rates: kvgate_core::load::RateConfig::default(),
             decode_rates: kvgate_core::load::DecodeRateConfig::default(),
             initial_output_tokens: 256,

@@ -18,6 +18,8 @@
 //!   `tokenizer_config.json`), rendered with the same whitespace rules as `transformers`.
 //! - [`ChatMessage`]: a role and a flattened text content ([`ChatMessage::from_openai`] flattens
 //!   OpenAI content-part arrays).
+//! - [`TokenCache`]: token ids of chat-prompt prefixes, reused when a conversation grows (the
+//!   split rule per tokenizer family is in [`cache`]).
 //! - [`TokenMode`]: a tokenizer and a template together; [`TokenMode::from_model_dir`] loads a
 //!   model directory.
 //!
@@ -37,12 +39,14 @@
 //! the same marker, so a conversation's rendering is a prefix of the rendering of any continuation
 //! of it (a property prefix caching relies on).
 
+pub mod cache;
 mod error;
 mod message;
 mod template;
 mod token_mode;
 mod tokenizer;
 
+pub use cache::{CacheStats, TokenCache};
 pub use error::TokenizerError;
 pub use message::ChatMessage;
 pub use template::ChatTemplate;

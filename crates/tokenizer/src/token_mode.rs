@@ -4,8 +4,9 @@
 //! places any BOS itself). Completions: encode the prompt *with* special tokens (BOS first).
 
 use std::path::Path;
+use std::sync::Arc;
 
-use crate::{ChatMessage, ChatTemplate, Tokenizer, TokenizerError};
+use crate::{CacheStats, ChatMessage, ChatTemplate, TokenCache, Tokenizer, TokenizerError};
 
 /// A tokenizer with the chat template that goes with it. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -14,6 +15,8 @@ pub struct TokenMode {
     pub tokenizer: Tokenizer,
     /// Renders chat messages into prompt text.
     pub template: ChatTemplate,
+    /// Token ids of chat-prompt prefixes, shared by all clones; `None` encodes every prompt whole.
+    cache: Option<Arc<TokenCache>>,
 }
 
 impl TokenMode {
@@ -22,7 +25,19 @@ impl TokenMode {
         Self {
             tokenizer,
             template,
+            cache: None,
         }
+    }
+
+    /// The same, with a prefix cache of `capacity_bytes` for chat prompts (0: no cache).
+    pub fn with_cache(mut self, capacity_bytes: u64) -> Self {
+        self.cache = (capacity_bytes > 0).then(|| Arc::new(TokenCache::new(capacity_bytes)));
+        self
+    }
+
+    /// The prefix cache's counters, if there is a cache.
+    pub fn cache_stats(&self) -> Option<CacheStats> {
+        self.cache.as_ref().map(|c| c.stats())
     }
 
     /// The built-in tokenizer and the built-in template.
@@ -82,7 +97,18 @@ impl TokenMode {
         tools: Option<&serde_json::Value>,
     ) -> Result<Vec<u32>, TokenizerError> {
         let text = self.template.render(messages, true, tools)?;
-        self.tokenizer.encode(&text, false)
+        self.encode_chat_text(&text)
+    }
+
+    /// Token ids of rendered chat text: through the prefix cache where the tokenizer's split
+    /// rule holds, else whole. Both give the same ids (see [`crate::cache`]).
+    pub fn encode_chat_text(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        if let Some(cache) = &self.cache {
+            if let Some(splits) = self.tokenizer.safe_splits(text) {
+                return cache.encode(text, &splits, |s| self.tokenizer.encode(s, false));
+            }
+        }
+        self.tokenizer.encode(text, false)
     }
 
     /// Token ids of a completion prompt (special tokens added: BOS first when defined).

@@ -22,6 +22,18 @@ struct Inner {
     name: String,
     /// The id a completion prompt starts with when special tokens are added.
     bos: Option<u32>,
+    /// Where encoding provably splits (see [`crate::cache`] for the rule per family).
+    split_rule: SplitRule,
+}
+
+/// How [`Tokenizer::safe_splits`] finds offsets that encoding cannot merge across.
+enum SplitRule {
+    /// cl100k_base: after `<|end|>\n` followed by `<`.
+    EndMarker,
+    /// Hugging Face: after every added token, matched leftmost-longest like the added vocabulary.
+    AddedTokens(aho_corasick::AhoCorasick),
+    /// No rule holds: always encode whole.
+    None,
 }
 
 enum Backend {
@@ -48,6 +60,7 @@ impl Tokenizer {
                 backend: Backend::Tiktoken(bpe),
                 name: "cl100k_base".to_owned(),
                 bos: None,
+                split_rule: SplitRule::EndMarker,
             }),
         })
     }
@@ -73,11 +86,13 @@ impl Tokenizer {
         let json: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| TokenizerError::Load(e.to_string()))?;
         let bos = post_processor_bos(&json);
+        let split_rule = hf_split_rule(&json);
         Ok(Self {
             inner: Arc::new(Inner {
                 backend: Backend::Hf(Box::new(tokenizer)),
                 name: name.to_owned(),
                 bos,
+                split_rule,
             }),
         })
     }
@@ -143,10 +158,74 @@ impl Tokenizer {
         }
     }
 
+    /// Ascending byte offsets inside `text` (never 0 or `text.len()`) where
+    /// `encode(text, false) == encode(&text[..p], false) ++ encode(&text[p..], false)` holds, or
+    /// `None` when this tokenizer has no such rule (see [`crate::cache`]).
+    pub fn safe_splits(&self, text: &str) -> Option<Vec<usize>> {
+        const MARKER: &str = "<|end|>\n";
+        let mut out = Vec::new();
+        match &self.inner.split_rule {
+            SplitRule::None => return None,
+            SplitRule::EndMarker => {
+                for (i, _) in text.match_indices(MARKER) {
+                    let p = i + MARKER.len();
+                    if text.as_bytes().get(p) == Some(&b'<') {
+                        out.push(p);
+                    }
+                }
+            }
+            SplitRule::AddedTokens(ac) => {
+                for m in ac.find_iter(text) {
+                    if m.end() < text.len() {
+                        out.push(m.end());
+                    }
+                }
+            }
+        }
+        Some(out)
+    }
+
     /// A short name: `cl100k_base`, or where the `tokenizer.json` came from.
     pub fn name(&self) -> &str {
         &self.inner.name
     }
+}
+
+/// The split rule of a `tokenizer.json`: added-token splits when nothing else in the pipeline can
+/// make a piece depend on its neighbours (the conditions in [`crate::cache`]), else none.
+fn hf_split_rule(json: &serde_json::Value) -> SplitRule {
+    let absent = |key: &str| json.get(key).is_none_or(serde_json::Value::is_null);
+    let pre_ok = match json.get("pre_tokenizer") {
+        None | Some(serde_json::Value::Null) => true,
+        Some(p) => p.get("type").and_then(|t| t.as_str()) == Some("ByteLevel"),
+    };
+    if !(absent("normalizer") && absent("truncation") && absent("padding") && pre_ok) {
+        return SplitRule::None;
+    }
+    let Some(added) = json.get("added_tokens").and_then(|a| a.as_array()) else {
+        return SplitRule::None;
+    };
+    let mut patterns = Vec::with_capacity(added.len());
+    for t in added {
+        let flag = |k: &str| t.get(k).and_then(|v| v.as_bool()).unwrap_or(true);
+        let content = t.get("content").and_then(|c| c.as_str()).unwrap_or("");
+        if content.is_empty()
+            || flag("normalized")
+            || flag("lstrip")
+            || flag("rstrip")
+            || flag("single_word")
+        {
+            return SplitRule::None;
+        }
+        patterns.push(content.to_owned());
+    }
+    if patterns.is_empty() {
+        return SplitRule::None;
+    }
+    aho_corasick::AhoCorasick::builder()
+        .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+        .build(&patterns)
+        .map_or(SplitRule::None, SplitRule::AddedTokens)
 }
 
 /// The id of the special token a `TemplateProcessing` post-processor puts before a single
