@@ -19,7 +19,7 @@
 //!   driven by one task; seeds from static addresses or a DNS name (`seeds` module).
 //! - `flush` / `recv` / `snapshot`: the data plane: batched deltas out, authenticated datagrams
 //!   in, snapshots for joiners.
-//! - [`wire`]: the authenticated envelope (HMAC-SHA256, cluster id, replay window) and the compact
+//! - [`wire`]: the encrypted envelope (ChaCha20-Poly1305, cluster id, replay window) and the compact
 //!   binary payloads.
 //! - [`transport`]: datagram I/O behind a trait (UDP, plus a partition switch for tests).
 //! - [`directory`]: stable instance names across replicas; [`store`]: the index view gossip uses.
@@ -55,12 +55,12 @@
 //!
 //! ## Security
 //!
-//! Every datagram, membership included, is authenticated with HMAC-SHA256 under the shared
-//! secret, over the cluster id and the whole datagram; size-bounded; checked against a
+//! Every datagram, membership included, is encrypted and authenticated with ChaCha20-Poly1305
+//! under a key derived from the shared secret (or one of `previous_secrets`, for rotation), with
+//! the cluster id and the clear header as associated data; size-bounded; checked against a
 //! timestamp window (`max_clock_skew_ms`) and a per-sender 64-counter replay window; and decoded
 //! by total decoders that cannot be made to over-allocate. Anything else is dropped and counted in
-//! `kvgate_gossip_rejected_total{reason}`. Payloads are authenticated, not encrypted: block hashes
-//! and load figures reveal no prompt text.
+//! `kvgate_gossip_rejected_total{reason}`.
 //!
 //! ## Bandwidth and state bounds
 //!

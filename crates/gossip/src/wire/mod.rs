@@ -1,13 +1,14 @@
-//! The wire format: an authenticated envelope around compact binary payloads.
+//! The wire format: an encrypted, authenticated envelope around compact binary payloads.
 //!
 //! ```text
-//! datagram = version:u8 kind:u8 cluster_tag:u64 sender:u64 counter:u64 wall_ms:u64 payload tag[32]
-//! tag      = HMAC-SHA256(secret, len(cluster_id) cluster_id  version..payload)
+//! datagram = header ciphertext tag[16]
+//! header   = version:u8 kind:u8 cluster_tag:u64 sender:u64 counter:u64 wall_ms:u64 nonce[12]
+//! sealed   = ChaCha20-Poly1305(HKDF-SHA256(secret), nonce, aad = len(cluster_id) cluster_id header)
 //! ```
 //! All fixed-width integers are little-endian; variable ones are LEB128 varints.
 //!
 //! Invariants:
-//! - Nothing in a payload is looked at before the envelope's size, version, cluster tag, MAC,
+//! - Nothing in a payload is looked at before the envelope's size, version, cluster tag, AEAD tag,
 //!   timestamp window and replay window have all passed ([`envelope::Opener::open`]).
 //! - Every decoder is total: any byte string yields a value or a [`Malformed`] error, never a panic,
 //!   and never allocates more than the input's length justifies.
