@@ -51,6 +51,7 @@ pub mod hash;
 pub mod index;
 pub mod load;
 pub mod policy;
+pub mod ratelimit;
 pub mod router;
 mod types;
 
