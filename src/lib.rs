@@ -77,4 +77,5 @@ pub mod events;
 pub mod fleet;
 pub mod metrics;
 pub mod proxy;
+pub mod ratelimit;
 pub mod routing;

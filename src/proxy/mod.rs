@@ -31,6 +31,7 @@ pub mod parse;
 pub mod reply;
 pub mod server;
 pub mod service;
+pub mod usage;
 
 use crate::admission::{Gate, PRIORITY_HEADER};
 use crate::app::AppState;
@@ -323,6 +324,11 @@ async fn forward(
         }
     }
     let (prep, stream, body_priority) = (ready.prep, ready.stream, ready.priority);
+    // Within budget now, or refused before anything is queued or routed.
+    let rate = state.rate_limits.admit(
+        crate::ratelimit::RateLimits::tenant_of(who.as_ref()),
+        u64::from(prep.prompt_tokens),
+    )?;
     let adm = &state.admission;
     let mut gate = if adm.enabled() {
         let output = state.routing.expected_output(pool.index, prep.max_tokens);
@@ -440,7 +446,7 @@ async fn forward(
                     routed,
                     times,
                     stream,
-                    gate.hand_over(),
+                    (gate.hand_over(), rate),
                 ));
             }
             Err(e @ (SendError::Connect(_) | SendError::Closed(_)))
@@ -505,7 +511,7 @@ fn note_ejection(inst: &crate::fleet::Instance, eject_ms: u64, why: &str) {
 }
 
 /// `times`: the request's arrival and the chosen attempt's dispatch. `admitted`: the pool whose
-/// admission place the response holds until it ends.
+/// admission place the response holds until it ends, and the rate limit it was admitted under.
 fn relay(
     state: &AppState,
     endpoint: Endpoint,
@@ -513,8 +519,9 @@ fn relay(
     routed: crate::routing::Routed,
     times: (Instant, Instant),
     stream: bool,
-    admitted: Option<usize>,
+    admitted: (Option<usize>, Option<crate::ratelimit::Admitted>),
 ) -> Reply {
+    let (admitted, rate) = admitted;
     let inst = state.fleet.instance(routed.chosen);
     let mut tracker = Tracker::new(
         state.clone(),
@@ -527,6 +534,9 @@ fn relay(
         resp.status.as_u16(),
     );
     tracker.dispatched(times.1, admitted);
+    if let Some(r) = &rate {
+        tracker.charge_to(r.tenant);
+    }
     let idle = Duration::from_millis(state.config.upstream.idle_timeout_ms);
     let body = GatewayBody::Relay {
         body: ProxyBody::new(resp.body, idle, tracker),
@@ -539,6 +549,9 @@ fn relay(
     );
     if let Some(v) = headers::one_decimal(routed.predicted_cost_ms) {
         reply.set(headers::X_PREDICTED_TTFT, v);
+    }
+    if let Some(r) = &rate {
+        crate::ratelimit::headers(&r.status, |n, v| reply.set(n, v));
     }
     reply
 }

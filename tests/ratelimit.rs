@@ -1,0 +1,171 @@
+//! Per-tenant rate limits end to end, over both serving paths (kvgate's HTTP/1.1 loop for a body
+//! with a length, hyper for a chunked body): OpenAI's `x-ratelimit-*` headers on answers, 429
+//! `rate_limit_exceeded` with `Retry-After` over a limit, output tokens charged as they stream
+//! (a request admitted within budget drives it negative and holds the next one), nothing
+//! refused reaching the instance.
+
+mod common;
+
+use common::*;
+use kvgate::config::Config;
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    H1,
+    Hyper,
+}
+
+const BODY: &str = r#"{"model":"m","prompt":"hello","max_tokens":1}"#;
+const STREAM: &str = r#"{"model":"m","prompt":"hello","stream":true}"#;
+
+async fn post(gw: &Gateway, via: Via, key: &str, body: &'static str) -> reqwest::Response {
+    let req = client()
+        .post(gw.url("/v1/completions"))
+        .header("content-type", "application/json")
+        .header("x-api-key", key);
+    let req = match via {
+        Via::H1 => req.body(body),
+        Via::Hyper => {
+            let chunks: Vec<Result<&'static str, std::io::Error>> = vec![Ok(body)];
+            req.body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+        }
+    };
+    req.send().await.expect("answered")
+}
+
+const KEYS: &str = r#"
+[[tenants]]
+name = "req-h1"
+requests_per_second = 1
+burst_requests = 2
+
+[[tenants]]
+name = "req-hyper"
+requests_per_second = 1
+burst_requests = 2
+
+[[keys]]
+key = "sk-req-h1"
+tenant = "req-h1"
+
+[[keys]]
+key = "sk-req-hyper"
+tenant = "req-hyper"
+
+[[keys]]
+key = "sk-tok-h1"
+tenant = "tok-h1"
+tokens_per_minute = 30
+
+[[keys]]
+key = "sk-tok-hyper"
+tenant = "tok-hyper"
+tokens_per_minute = 30
+
+[[keys]]
+key = "sk-free"
+tenant = "free"
+"#;
+
+async fn gateway(keys: &str, f: impl FnOnce(&mut Config)) -> (Mock, Gateway) {
+    let a = Mock::start("a").await;
+    let mut c = config_for(&[a.url()]);
+    let dir = std::env::temp_dir().join(format!("kvgate-ratelimit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("keys-{}.toml", rand::random::<u64>()));
+    std::fs::write(&path, keys).unwrap();
+    c.auth.enabled = true;
+    c.auth.keys_file = path.to_string_lossy().into_owned();
+    f(&mut c);
+    let gw = Gateway::start(c).await;
+    assert!(eventually(10, || gw.state.fleet.any_usable(gw.state.clock.now_ms())).await);
+    (a, gw)
+}
+
+fn header(r: &reqwest::Response, name: &str) -> String {
+    r.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn request_limit_answers_429_with_openai_headers_on_both_paths() {
+    let (a, gw) = gateway(KEYS, |_| {}).await;
+    for (via, key) in [(Via::H1, "sk-req-h1"), (Via::Hyper, "sk-req-hyper")] {
+        let r = post(&gw, via, key, BODY).await;
+        assert_eq!(r.status(), 200, "{via:?}");
+        assert_eq!(header(&r, "x-ratelimit-limit-requests"), "2");
+        assert_eq!(header(&r, "x-ratelimit-remaining-requests"), "1");
+        assert!(header(&r, "x-ratelimit-reset-requests").ends_with('s'));
+        // No token limit, no token headers.
+        assert!(r.headers().get("x-ratelimit-limit-tokens").is_none());
+        let r = post(&gw, via, key, BODY).await;
+        assert_eq!(r.status(), 200, "{via:?}");
+        // The bucket refills one request a second: the third, sent at once, is refused.
+        let r = post(&gw, via, key, BODY).await;
+        assert_eq!(r.status(), 429, "{via:?}");
+        assert_eq!(header(&r, "retry-after"), "1");
+        assert_eq!(header(&r, "x-ratelimit-remaining-requests"), "0");
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["type"], "rate_limit_exceeded");
+        assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+    }
+    // Refused requests never reached the instance; an unlimited tenant is not held back.
+    assert_eq!(a.count(), 4);
+    for _ in 0..5 {
+        let r = post(&gw, Via::H1, "sk-free", BODY).await;
+        assert_eq!(r.status(), 200);
+        assert!(r.headers().get("x-ratelimit-limit-requests").is_none());
+    }
+}
+
+#[tokio::test]
+async fn streamed_output_tokens_drive_the_budget_negative_and_hold_the_next_request() {
+    let (a, gw) = gateway(KEYS, |_| {}).await;
+    a.set_mode(Mode::Stream {
+        chunks: 50,
+        delay: Duration::from_millis(1),
+    });
+    for (via, key) in [(Via::H1, "sk-tok-h1"), (Via::Hyper, "sk-tok-hyper")] {
+        // 30 tokens a minute: within budget, so admitted; its ~50 streamed tokens put the
+        // tenant ~25 tokens in debt.
+        let r = post(&gw, via, key, STREAM).await;
+        assert_eq!(r.status(), 200, "{via:?}");
+        assert_eq!(header(&r, "x-ratelimit-limit-tokens"), "30");
+        let body = r.text().await.unwrap();
+        assert!(body.contains("[DONE]") || body.contains("data:"), "{body}");
+        let r = post(&gw, via, key, STREAM).await;
+        assert_eq!(r.status(), 429, "{via:?}");
+        // At half a token a second, a debt of > 20 tokens takes > 40 s to repay.
+        let wait: u64 = header(&r, "retry-after").parse().unwrap();
+        assert!(wait > 40, "{via:?}: retry after {wait}");
+        assert_eq!(header(&r, "x-ratelimit-remaining-tokens"), "0");
+        let reset = header(&r, "x-ratelimit-reset-tokens");
+        assert!(reset.contains('m'), "{reset}");
+    }
+}
+
+#[tokio::test]
+async fn defaults_apply_to_every_tenant_and_anonymous_without_keys() {
+    let a = Mock::start("a").await;
+    let mut c = config_for(&[a.url()]);
+    c.rate_limits.requests_per_second = Some(1);
+    c.rate_limits.burst_requests = Some(1);
+    let gw = Gateway::start(c).await;
+    assert!(eventually(10, || gw.state.fleet.any_usable(gw.state.clock.now_ms())).await);
+    let r = post(&gw, Via::H1, "ignored", BODY).await;
+    assert_eq!(r.status(), 200);
+    // A client-chosen tenant header is no way around the limit without keys.
+    let r = client()
+        .post(gw.url("/v1/completions"))
+        .header("content-type", "application/json")
+        .header("x-kvgate-tenant", "someone-else")
+        .body(BODY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+}
