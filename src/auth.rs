@@ -13,6 +13,7 @@
 use crate::client::OutHeaders;
 use crate::config::AuthConfig;
 use crate::error::GatewayError;
+use kvgate_core::admission::Priority;
 use kvgate_core::ratelimit::Limits;
 use parking_lot::RwLock;
 use serde::Deserialize;
@@ -35,6 +36,8 @@ pub struct Principal {
     pub tenant: Arc<str>,
     /// Models the key may use; `None` = all.
     pub models: Option<Arc<[String]>>,
+    /// The most urgent admission class the key may ask for; more urgent asks are lowered to it.
+    pub max_priority: Option<Priority>,
 }
 
 impl Principal {
@@ -100,6 +103,8 @@ struct KeyEntry {
     burst_requests: Option<u64>,
     #[serde(default)]
     burst_tokens: Option<u64>,
+    #[serde(default)]
+    max_priority: Option<Priority>,
 }
 
 #[derive(Deserialize)]
@@ -114,6 +119,8 @@ struct TenantEntry {
     burst_requests: Option<u64>,
     #[serde(default)]
     burst_tokens: Option<u64>,
+    #[serde(default)]
+    max_priority: Option<Priority>,
 }
 
 /// Merges `add` into `into`; a field both set to different values is an error naming it.
@@ -172,6 +179,7 @@ fn entry(key: &str, tenant: &str, models: Option<Vec<String>>) -> Entry {
         who: Principal {
             tenant: tenant.into(),
             models: models.map(Into::into),
+            max_priority: None,
         },
     }
 }
@@ -228,7 +236,15 @@ fn parse_file(origin: &str, text: &str) -> Result<Loaded, KeysError> {
                 burst_tokens: k.burst_tokens,
             },
         )?;
-        entries.push(entry(&k.key, &k.tenant, k.models));
+        let mut e = entry(&k.key, &k.tenant, k.models);
+        // The key's own ceiling, else its tenant's.
+        e.who.max_priority = k.max_priority.or_else(|| {
+            file.tenants
+                .iter()
+                .find(|t| t.name == k.tenant)
+                .and_then(|t| t.max_priority)
+        });
+        entries.push(e);
     }
     Ok(Loaded { entries, tenants })
 }
@@ -458,6 +474,40 @@ mod tests {
         assert!(e.contains("requests_per_second"), "{e}");
         let zero = "[[tenants]]\nname = \"z\"\nrequests_per_second = 0\n";
         assert!(parse_file("f", zero).is_err());
+    }
+
+    #[test]
+    fn max_priority_from_the_key_else_its_tenant() {
+        let text = r#"
+            [[tenants]]
+            name = "a"
+            max_priority = "standard"
+
+            [[keys]]
+            key = "k1"
+            tenant = "a"
+
+            [[keys]]
+            key = "k2"
+            tenant = "a"
+            max_priority = "sheddable"
+
+            [[keys]]
+            key = "k3"
+            tenant = "b"
+        "#;
+        let keys = Keys::load(&on(), None).unwrap();
+        keys.replace("f", text).unwrap();
+        let p = |k: &[u8]| keys.lookup(k).unwrap().max_priority;
+        assert_eq!(p(b"k1"), Some(Priority::Standard));
+        assert_eq!(p(b"k2"), Some(Priority::Sheddable));
+        assert_eq!(p(b"k3"), None);
+        assert!(keys
+            .replace(
+                "f",
+                "[[tenants]]\nname = \"x\"\nmax_priority = \"urgent\"\n"
+            )
+            .is_err());
     }
 
     #[test]

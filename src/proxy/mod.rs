@@ -343,6 +343,7 @@ async fn forward(
             },
             u64::from(prep.prompt_tokens) + u64::from(output),
         )
+        .with_ceiling(who.as_ref().and_then(|p| p.max_priority))
     } else {
         Gate::off()
     };
