@@ -237,6 +237,30 @@ impl GatewayError {
         }
     }
 
+    /// Why the gateway refused the request, as the audit log and tenant metrics name it.
+    pub fn audit_reason(&self) -> &'static str {
+        use GatewayError::*;
+        match self {
+            InvalidApiKey => "auth",
+            ModelNotAllowed(_) | UnknownModel(_) | ModelRequired => "model",
+            RateLimited(_) => "rate_limit",
+            Overloaded { .. } => "admission",
+            PayloadTooLarge { .. }
+            | BodyTimeout { .. }
+            | BodyBudgetExhausted { .. }
+            | TooManyConnections { .. } => "limits",
+            MalformedJson(_)
+            | NotAnObject
+            | MissingField(_)
+            | InvalidField { .. }
+            | UnsupportedMediaType(_)
+            | BodyRead(_)
+            | NotFound(_) => "invalid_request",
+            UpstreamConnect { .. } | UpstreamTimeout { .. } | UpstreamProtocol { .. } => "upstream",
+            NoHealthyInstance { .. } | TokenizerBusy { .. } | Internal(_) => "unavailable",
+        }
+    }
+
     /// Stable machine-readable `code`; also the bounded metric label for this error.
     pub fn code(&self) -> &'static str {
         use GatewayError::*;

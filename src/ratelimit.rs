@@ -30,10 +30,12 @@ pub const ANONYMOUS: &str = "anonymous";
 const MAX_PEERS: usize = 1024;
 
 /// A request admitted under a limit: whom to charge its output to, and what to tell the client.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Admitted {
     /// The tenant charged.
     pub tenant: TenantKey,
+    /// Its metric label.
+    pub label: Arc<str>,
     /// The buckets after the admission.
     pub status: RateStatus,
 }
@@ -117,24 +119,28 @@ impl RateLimits {
         self.active.load(Ordering::Acquire)
     }
 
-    /// The key of a request's tenant: the key's tenant, or [`ANONYMOUS`] without keys.
-    pub fn tenant_of(who: Option<&crate::auth::Principal>) -> TenantKey {
-        tenant_key(who.map_or(ANONYMOUS, |p| &p.tenant))
-    }
-
-    /// Admits one request of `tenant` with `prompt_tokens`, or refuses it (429).
+    /// Admits one request of `label` (the key's tenant, or [`ANONYMOUS`] without keys) with
+    /// `prompt_tokens`, or refuses it (429).
     pub fn admit(
         &self,
-        tenant: TenantKey,
+        label: &Arc<str>,
         prompt_tokens: u64,
     ) -> Result<Option<Admitted>, GatewayError> {
         if !self.active() {
             return Ok(None);
         }
+        let tenant = tenant_key(label);
         let now = self.clock.now_ms();
         let result = self.inner.lock().limiter.admit(tenant, prompt_tokens, now);
         match result {
-            Ok(Some(status)) => Ok(Some(Admitted { tenant, status })),
+            Ok(Some(status)) => {
+                crate::metrics::record_tenant_tokens(label, "prompt", prompt_tokens);
+                Ok(Some(Admitted {
+                    tenant,
+                    label: label.clone(),
+                    status,
+                }))
+            }
             Ok(None) => Ok(None),
             Err(d) => Err(GatewayError::RateLimited(Box::new(Refused {
                 limit: d.limit.as_str(),
@@ -144,11 +150,12 @@ impl RateLimits {
         }
     }
 
-    /// Charges `tokens` of output to `tenant`.
-    pub fn charge_output(&self, tenant: TenantKey, tokens: u64) {
+    /// Charges `tokens` of output to `tenant` (metric label `label`).
+    pub fn charge_output(&self, tenant: TenantKey, label: &str, tokens: u64) {
         if tokens == 0 {
             return;
         }
+        crate::metrics::record_tenant_tokens(label, "output", tokens);
         let now = self.clock.now_ms();
         self.inner.lock().limiter.charge_tokens(tenant, tokens, now);
     }

@@ -113,6 +113,21 @@ async fn request_limit_answers_429_with_openai_headers_on_both_paths() {
         assert_eq!(v["error"]["type"], "rate_limit_exceeded");
         assert_eq!(v["error"]["code"], "rate_limit_exceeded");
     }
+    // Tenants' metrics: bounded labels, the refusal counted by reason.
+    let m = gw.get_text("/metrics").await;
+    let has = |parts: &[&str]| m.lines().any(|l| parts.iter().all(|p| l.contains(p)));
+    assert!(
+        has(&[
+            "kvgate_tenant_rejections_total",
+            "tenant=\"req-h1\"",
+            "reason=\"rate_limit\""
+        ]),
+        "{m}"
+    );
+    assert!(has(&[
+        "kvgate_tenant_requests_total",
+        "tenant=\"req-hyper\""
+    ]));
     // Refused requests never reached the instance; an unlimited tenant is not held back.
     assert_eq!(a.count(), 4);
     for _ in 0..5 {
@@ -146,6 +161,17 @@ async fn streamed_output_tokens_drive_the_budget_negative_and_hold_the_next_requ
         let reset = header(&r, "x-ratelimit-reset-tokens");
         assert!(reset.contains('m'), "{reset}");
     }
+    let m = gw.get_text("/metrics").await;
+    let output = m.lines().find(|l| {
+        l.starts_with("kvgate_tenant_tokens_charged_total")
+            && l.contains("tenant=\"tok-h1\"")
+            && l.contains("kind=\"output\"")
+    });
+    let n: f64 = output
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(n >= 50.0, "output tokens charged: {n}\n{m}");
 }
 
 #[tokio::test]

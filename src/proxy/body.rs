@@ -68,7 +68,7 @@ pub struct Tracker {
     /// interval; a usage chunk makes it over-count by one).
     events: Events,
     /// The tenant whose token budget this response's output is charged to, if limited.
-    rate_tenant: Option<kvgate_core::ratelimit::TenantKey>,
+    rate_tenant: Option<(kvgate_core::ratelimit::TenantKey, std::sync::Arc<str>)>,
     /// Output tokens charged so far.
     charged: u64,
     /// The answer's own `completion_tokens`, when it reports one (charged at the end, if more).
@@ -110,8 +110,12 @@ impl Tracker {
     }
 
     /// Charges this response's output tokens to `tenant`'s rate limit as they stream.
-    pub fn charge_to(&mut self, tenant: kvgate_core::ratelimit::TenantKey) {
-        self.rate_tenant = Some(tenant);
+    pub fn charge_to(
+        &mut self,
+        tenant: kvgate_core::ratelimit::TenantKey,
+        label: std::sync::Arc<str>,
+    ) {
+        self.rate_tenant = Some((tenant, label));
     }
 
     /// A data frame of the response passed: charges what it carried to the tenant's budget.
@@ -119,7 +123,7 @@ impl Tracker {
         if self.stream {
             self.events.feed(data);
         }
-        let Some(tenant) = self.rate_tenant else {
+        let Some((tenant, label)) = &self.rate_tenant else {
             return;
         };
         self.usage.feed(data);
@@ -128,7 +132,7 @@ impl Tracker {
             if seen > self.charged {
                 self.state
                     .rate_limits
-                    .charge_output(tenant, seen - self.charged);
+                    .charge_output(*tenant, label, seen - self.charged);
                 self.charged = seen;
             }
         }
@@ -136,13 +140,14 @@ impl Tracker {
 
     /// The end: what the answer reported beyond what was counted is charged too.
     fn settle_charge(&mut self) {
-        let (Some(tenant), Some(reported)) = (self.rate_tenant, self.usage.found()) else {
+        let (Some((tenant, label)), Some(reported)) = (&self.rate_tenant, self.usage.found())
+        else {
             return;
         };
         if reported > self.charged {
             self.state
                 .rate_limits
-                .charge_output(tenant, reported - self.charged);
+                .charge_output(*tenant, label, reported - self.charged);
             self.charged = reported;
         }
     }

@@ -88,6 +88,7 @@ where
 {
     let started = Instant::now();
     let rid = headers::request_id(req.headers().get(&state.request_id_header));
+    let mut tenant = None;
     let result = async {
         let (parts, body) = req.into_parts();
         headers::is_json(parts.headers.get(header::CONTENT_TYPE))
@@ -106,6 +107,7 @@ where
         headers::strip_hop_by_hop(&mut up);
         up.remove(&state.request_id_header);
         let who = state.auth.check(&OutHeaders::Map(&up))?;
+        tenant = who.as_ref().map(|p| p.tenant.clone());
         let (tenant_header, strip_key) = client_filter(&state);
         let dropped: Vec<http::HeaderName> = up
             .keys()
@@ -126,7 +128,7 @@ where
         forwarded
     }
     .await;
-    answer(&state, endpoint, result, rid)
+    answer(&state, endpoint, result, rid, tenant)
 }
 
 /// A request as [`h1`] read it, its body complete.
@@ -155,6 +157,11 @@ pub async fn handle_raw(state: &AppState, endpoint: Endpoint, req: RawRequest) -
         headers::is_json(req.content_type.as_ref()).map_err(GatewayError::UnsupportedMediaType);
     let mut fields = req.fields;
     let who = checked.and_then(|()| state.auth.check(&OutHeaders::Fields(&fields)));
+    let tenant = who
+        .as_ref()
+        .ok()
+        .and_then(|w| w.as_ref())
+        .map(|p| p.tenant.clone());
     let result = match who {
         Ok(who) => {
             let (tenant_header, strip_key) = client_filter(state);
@@ -168,7 +175,7 @@ pub async fn handle_raw(state: &AppState, endpoint: Endpoint, req: RawRequest) -
         }
         Err(e) => Err(e),
     };
-    answer(state, endpoint, result, rid)
+    answer(state, endpoint, result, rid, tenant)
 }
 
 /// What [`headers::from_client`] filters by: the tenant header and whether to strip the key.
@@ -183,21 +190,46 @@ fn client_filter(state: &AppState) -> (&str, bool) {
 /// The answer to a request [`h1`] refuses before reading all of its body (a limit): the error's,
 /// counted and logged as every other.
 pub fn refusal(state: &AppState, endpoint: Endpoint, e: GatewayError) -> Reply {
-    answer(state, endpoint, Err(e), headers::request_id(None))
+    answer(state, endpoint, Err(e), headers::request_id(None), None)
 }
 
-/// The reply to a request with id `rid`: the forwarded answer, or the error's, counted and
-/// logged.
+/// A tenant's bounded label: the key's tenant, [`crate::ratelimit::ANONYMOUS`] without keys,
+/// `unauthenticated` when keys are on and the request had no valid one.
+fn tenant_label(state: &AppState, tenant: Option<&std::sync::Arc<str>>) -> std::sync::Arc<str> {
+    match tenant {
+        Some(t) => t.clone(),
+        None if state.auth.enabled() => "unauthenticated".into(),
+        None => crate::ratelimit::ANONYMOUS.into(),
+    }
+}
+
+/// The reply to a request with id `rid` of `tenant` (once known): the forwarded answer, or the
+/// error's, counted and logged; a refusal also gets one audit line.
 fn answer(
     state: &AppState,
     endpoint: Endpoint,
     result: Result<Reply, GatewayError>,
     rid: HeaderValue,
+    tenant: Option<std::sync::Arc<str>>,
 ) -> Reply {
+    let label = tenant_label(state, tenant.as_ref());
+    metrics::record_tenant_request(&label);
     let mut reply = match result {
         Ok(r) => r,
         Err(e) => {
             let status = e.status();
+            let reason = e.audit_reason();
+            metrics::record_tenant_rejection(&label, reason);
+            // Tenant, reason, status and id only: never the prompt or the key.
+            tracing::info!(
+                target: "kvgate::audit",
+                tenant = %label,
+                reason,
+                status = status.as_u16(),
+                code = e.code(),
+                request_id = ?rid,
+                "request refused"
+            );
             metrics::record_rejected(
                 endpoint.label(),
                 e.code(),
@@ -326,7 +358,7 @@ async fn forward(
     let (prep, stream, body_priority) = (ready.prep, ready.stream, ready.priority);
     // Within budget now, or refused before anything is queued or routed.
     let rate = state.rate_limits.admit(
-        crate::ratelimit::RateLimits::tenant_of(who.as_ref()),
+        &tenant_label(state, who.as_ref().map(|p| &p.tenant)),
         u64::from(prep.prompt_tokens),
     )?;
     let adm = &state.admission;
@@ -536,7 +568,7 @@ fn relay(
     );
     tracker.dispatched(times.1, admitted);
     if let Some(r) = &rate {
-        tracker.charge_to(r.tenant);
+        tracker.charge_to(r.tenant, r.label.clone());
     }
     let idle = Duration::from_millis(state.config.upstream.idle_timeout_ms);
     let body = GatewayBody::Relay {
