@@ -163,6 +163,11 @@ pub fn spawn_background(
         token.clone(),
     )));
     if let Some(g) = state.routing.gossip().cloned() {
+        handles.push(tokio::spawn(crate::ratelimit::share_usage(
+            state.rate_limits.clone(),
+            g.clone(),
+            token.clone(),
+        )));
         handles.push(tokio::spawn(publish_to_gossip(
             state.clone(),
             g,

@@ -170,7 +170,7 @@ impl RateLimits {
         let now = self.clock.now_ms();
         let mut inner = self.inner.lock();
         let Inner { limiter, peers, .. } = &mut *inner;
-        for (tenant, requests, tokens) in peers.observe(peer, report) {
+        for (tenant, requests, tokens) in peers.observe(peer, report, now) {
             limiter.charge_peer(tenant, requests, tokens, now);
         }
     }
@@ -232,6 +232,33 @@ pub fn headers(status: &RateStatus, mut set: impl FnMut(HeaderName, HeaderValue)
         &status.tokens,
         [LIMIT_TOKENS, REMAINING_TOKENS, RESET_TOKENS],
     );
+}
+
+/// Tells gossip peers this replica's usage every `rate_limits.gossip_interval_ms` (while any
+/// limit applies) and charges theirs here, so replicas enforce one budget.
+pub async fn share_usage(
+    limits: Arc<RateLimits>,
+    gossip: kvgate_gossip::Gossip,
+    token: tokio_util::sync::CancellationToken,
+) {
+    let sink = limits.clone();
+    gossip.on_usage(Arc::new(move |peer, report| sink.peer_report(peer, report)));
+    let every = std::time::Duration::from_millis(limits.cfg.gossip_interval_ms);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if !limits.active() {
+            continue;
+        }
+        let usage = limits.usage();
+        if !usage.is_empty() {
+            gossip.publish_usage(&usage).await;
+        }
+    }
 }
 
 /// A duration as OpenAI writes it (Go's format): `0s`, `120ms`, `1s`, `1.5s`, `6m0s`, `1h2m3s`.

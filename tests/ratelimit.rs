@@ -195,3 +195,76 @@ async fn defaults_apply_to_every_tenant_and_anonymous_without_keys() {
         .unwrap();
     assert_eq!(r.status(), 429);
 }
+
+fn replica(urls: &[String], seeds: Vec<String>) -> Config {
+    let mut c = config_for(urls);
+    c.gossip = kvgate_gossip::GossipConfig {
+        enabled: true,
+        bind: "127.0.0.1:0".into(),
+        seeds,
+        secret: "ratelimit-test-secret-0123".into(),
+        probe_period_ms: 200,
+        probe_rtt_ms: 80,
+        suspect_to_down_ms: 600,
+        seed_interval_ms: 200,
+        ..Default::default()
+    };
+    c.rate_limits.requests_per_second = Some(RATE);
+    c.rate_limits.burst_requests = Some(BURST);
+    c.rate_limits.gossip_interval_ms = INTERVAL_MS;
+    c
+}
+
+const RATE: u64 = 20;
+const BURST: u64 = 5;
+const INTERVAL_MS: u64 = 50;
+
+/// Two replicas gossiping on 127.0.0.1 share one budget: over a window of `t` the pair admits
+/// at most `burst + rate × t` plus the convergence bound `(N − 1) × (rate × d + burst)`, with
+/// `d` the usage interval plus delivery (taken as 50 ms on loopback).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_gossiping_enforce_one_budget() {
+    let e = Mock::start("e").await;
+    let urls = vec![e.url()];
+    let a = Gateway::start(replica(&urls, vec![])).await;
+    assert!(eventually(10, || a.state.routing.gossip().is_some()).await);
+    let ga = a.state.routing.gossip().cloned().unwrap();
+    let b = Gateway::start(replica(&urls, vec![ga.local_addr().to_string()])).await;
+    assert!(eventually(10, || b.state.routing.gossip().is_some()).await);
+    let gb = b.state.routing.gossip().cloned().unwrap();
+    assert!(eventually(10, || ga.live_peers() == 1 && gb.live_peers() == 1).await);
+    for g in [&a, &b] {
+        assert!(eventually(10, || g.state.fleet.any_usable(g.state.clock.now_ms())).await);
+    }
+    let started = std::time::Instant::now();
+    let window = Duration::from_secs(3);
+    let (mut admitted, mut refused, mut i) = (0u64, 0u64, 0u64);
+    while started.elapsed() < window && i < 100_000 {
+        let gw = if i % 2 == 0 { &a } else { &b };
+        i += 1;
+        match post(gw, Via::H1, "unused", BODY).await.status().as_u16() {
+            200 => admitted += 1,
+            429 => refused += 1,
+            s => panic!("status {s}"),
+        }
+    }
+    let t = started.elapsed().as_secs_f64();
+    let budget = BURST as f64 + RATE as f64 * t;
+    let d = (INTERVAL_MS + 50) as f64 / 1000.0;
+    let bound = RATE as f64 * d + BURST as f64;
+    println!(
+        "two replicas, {RATE}/s burst {BURST}, usage every {INTERVAL_MS} ms: {admitted} admitted \
+         ({refused} refused) in {t:.2} s; budget {budget:.1}, over-admission {:.1} (bound {bound:.1})",
+        admitted as f64 - budget
+    );
+    assert!(refused > 0, "the limit never bit");
+    assert!(
+        admitted as f64 <= budget + bound,
+        "{admitted} admitted > budget {budget:.1} + bound {bound:.1}"
+    );
+    // Each replica alone would have admitted the whole budget.
+    assert!(
+        (admitted as f64) < 2.0 * budget - BURST as f64,
+        "{admitted}: usage not shared"
+    );
+}

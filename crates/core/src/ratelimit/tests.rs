@@ -74,7 +74,7 @@ proptest! {
         let mut charged = (0u64, 0u64);
         let reports = order.iter().map(|&i| totals[i % totals.len()]).chain(totals.last().copied());
         for (r, t) in reports {
-            for (_, dr, dt) in ledger.observe(9, &[(5, r, t)]) {
+            for (_, dr, dt) in ledger.observe(9, &[(5, r, t)], 0) {
                 charged.0 += dr;
                 charged.1 += dt;
             }
@@ -121,7 +121,7 @@ fn cluster(n: usize, rps: u64, burst: u64, interval: Millis, latency: Millis) ->
                 break;
             };
             let (l, ledger) = &mut nodes[to];
-            for (t, r, k) in ledger.observe(from as u64, &report) {
+            for (t, r, k) in ledger.observe(from as u64, &report, now) {
                 l.charge_peer(t, r, k, now);
             }
         }

@@ -6,8 +6,9 @@
 //! seen per (peer, tenant) and turns each report into what is new since then.
 //!
 //! Invariants:
-//! - At most `max_peers` peers and [`MAX_TENANTS_PER_PEER`] tenants per peer are remembered;
-//!   reports beyond either bound are ignored (and so charge nothing).
+//! - At most `max_peers` peers and [`MAX_TENANTS_PER_PEER`] tenants per peer are remembered; a
+//!   new peer beyond the bound replaces the one heard from least recently (a replica that
+//!   restarted or left), and tenants beyond theirs are ignored (and so charge nothing).
 //! - Totals only grow: a report below the last one seen is a reordered, older datagram and
 //!   charges nothing (a restarted peer comes back under a new id, with a fresh entry).
 
@@ -17,11 +18,15 @@ use ahash::AHashMap;
 /// Tenants remembered per peer.
 pub const MAX_TENANTS_PER_PEER: usize = 8_192;
 
+/// When a peer was last heard, and its last totals per tenant.
+type Peer = (crate::Millis, AHashMap<TenantKey, (u64, u64)>);
+
 /// Last totals seen from each peer.
 #[derive(Debug, Default)]
 pub struct PeerLedger {
     max_peers: usize,
-    peers: AHashMap<u64, AHashMap<TenantKey, (u64, u64)>>,
+    /// Per peer: when last heard, and its last totals per tenant.
+    peers: AHashMap<u64, Peer>,
 }
 
 impl PeerLedger {
@@ -33,17 +38,23 @@ impl PeerLedger {
         }
     }
 
-    /// `peer` reports cumulative `(tenant, requests, tokens)`: returns what each tenant used
-    /// there since the previous report.
+    /// `peer` reports cumulative `(tenant, requests, tokens)` at `now`: returns what each
+    /// tenant used there since the previous report.
     pub fn observe(
         &mut self,
         peer: u64,
         report: &[(TenantKey, u64, u64)],
+        now: crate::Millis,
     ) -> Vec<(TenantKey, u64, u64)> {
-        if !self.peers.contains_key(&peer) && self.peers.len() >= self.max_peers {
-            return Vec::new();
+        if !self.peers.contains_key(&peer) && self.peers.len() >= self.max_peers.max(1) {
+            let oldest = self.peers.iter().min_by_key(|(_, p)| p.0).map(|(k, _)| *k);
+            if let Some(k) = oldest {
+                self.peers.remove(&k);
+            }
         }
-        let seen = self.peers.entry(peer).or_default();
+        let entry = self.peers.entry(peer).or_default();
+        entry.0 = now;
+        let seen = &mut entry.1;
         let mut out = Vec::with_capacity(report.len());
         for &(tenant, requests, tokens) in report {
             if !seen.contains_key(&tenant) && seen.len() >= MAX_TENANTS_PER_PEER {
@@ -85,14 +96,17 @@ mod tests {
     #[test]
     fn deltas_are_idempotent_and_late_reports_charge_nothing() {
         let mut l = PeerLedger::new(2);
-        assert_eq!(l.observe(1, &[(7, 3, 30)]), vec![(7, 3, 30)]);
-        assert!(l.observe(1, &[(7, 3, 30)]).is_empty(), "duplicate");
-        assert_eq!(l.observe(1, &[(7, 5, 35)]), vec![(7, 2, 5)]);
-        assert!(l.observe(1, &[(7, 4, 31)]).is_empty(), "reordered");
-        assert_eq!(l.observe(1, &[(7, 6, 35)]), vec![(7, 1, 0)]);
-        l.observe(2, &[(7, 1, 1)]);
-        assert!(l.observe(3, &[(7, 1, 1)]).is_empty(), "over the peer bound");
-        l.forget(2);
-        assert_eq!(l.observe(3, &[(7, 1, 1)]), vec![(7, 1, 1)]);
+        assert_eq!(l.observe(1, &[(7, 3, 30)], 0), vec![(7, 3, 30)]);
+        assert!(l.observe(1, &[(7, 3, 30)], 1).is_empty(), "duplicate");
+        assert_eq!(l.observe(1, &[(7, 5, 35)], 2), vec![(7, 2, 5)]);
+        assert!(l.observe(1, &[(7, 4, 31)], 3).is_empty(), "reordered");
+        assert_eq!(l.observe(1, &[(7, 6, 35)], 4), vec![(7, 1, 0)]);
+        l.observe(2, &[(7, 1, 1)], 1);
+        // Over the bound: peer 2, heard least recently, makes room.
+        assert_eq!(l.observe(3, &[(7, 1, 1)], 5), vec![(7, 1, 1)]);
+        assert_eq!(l.len(), 2);
+        assert!(l.observe(1, &[(7, 6, 35)], 6).is_empty(), "peer 1 kept");
+        l.forget(3);
+        assert_eq!(l.len(), 1);
     }
 }
