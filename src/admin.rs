@@ -49,13 +49,36 @@ pub async fn metrics(State(s): State<AppState>) -> Response {
 }
 
 /// `GET /v1/models`: union of the instances' lists (cached).
-pub async fn models(State(s): State<AppState>) -> Response {
-    let mut r = s.fleet.models_json().into_response();
+/// `GET /v1/models`: the instances' models; with keys on, a valid key is needed and only the
+/// models it may use are listed.
+pub async fn models(State(s): State<AppState>, headers: http::HeaderMap) -> Response {
+    let who = match s.auth.check(&crate::client::OutHeaders::Map(&headers)) {
+        Ok(w) => w,
+        Err(e) => return e.into_response(),
+    };
+    let all = s.fleet.models_json();
+    let body = match who.as_ref().filter(|p| p.models.is_some()) {
+        Some(p) => filter_models(&all, p).unwrap_or(all),
+        None => all,
+    };
+    let mut r = body.into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
     r
+}
+
+/// The `/v1/models` list with only the models `who` may use (`None`: not a list).
+fn filter_models(all: &[u8], who: &crate::auth::Principal) -> Option<bytes::Bytes> {
+    let mut v: serde_json::Value = serde_json::from_slice(all).ok()?;
+    let data = v.get_mut("data")?.as_array_mut()?;
+    data.retain(|m| {
+        m.get("id")
+            .and_then(|id| id.as_str())
+            .is_some_and(|id| who.allows(id))
+    });
+    serde_json::to_vec(&v).ok().map(Into::into)
 }
 
 #[derive(Serialize)]

@@ -382,6 +382,16 @@ impl<'a> Gate<'a> {
         self.priority
     }
 
+    /// Lowers the request's class to `ceiling` if it asked for a more urgent one (a key's
+    /// `max_priority`); never raises it.
+    pub fn with_ceiling(mut self, ceiling: Option<Priority>) -> Self {
+        if let Some(c) = ceiling {
+            // Ordered most urgent first: the larger of the two is the less urgent.
+            self.priority = self.priority.max(c);
+        }
+        self
+    }
+
     /// Instances with this many requests in flight are not offered to the decision (`None`: no
     /// bound applies, because admission is off, the request is admitted, or no count is set).
     pub fn capacity(&self) -> Option<u32> {
@@ -560,5 +570,25 @@ impl Drop for Queued<'_> {
                 self.adm.release(self.pool);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ceiling_lowers_but_never_raises() {
+        let g = |p| {
+            let mut g = Gate::off();
+            g.priority = p;
+            g
+        };
+        let capped = g(Priority::Critical).with_ceiling(Some(Priority::Standard));
+        assert_eq!(capped.priority(), Priority::Standard);
+        let low = g(Priority::Sheddable).with_ceiling(Some(Priority::Standard));
+        assert_eq!(low.priority(), Priority::Sheddable);
+        let none = g(Priority::Critical).with_ceiling(None);
+        assert_eq!(none.priority(), Priority::Critical);
     }
 }

@@ -56,6 +56,8 @@ pub struct Shared {
     pub limits: proxy::limits::Limits,
     /// Client API keys (`[auth]`), reloaded in place.
     pub auth: Arc<crate::auth::Keys>,
+    /// Per-tenant rate limits (`[rate_limits]` and the keys file's tenants).
+    pub rate_limits: Arc<crate::ratelimit::RateLimits>,
 }
 
 impl Deref for AppState {
@@ -95,9 +97,16 @@ impl AppState {
         let env_keys = std::env::var(crate::auth::ENV_KEYS).ok();
         let auth = crate::auth::Keys::load(&config.auth, env_keys.as_deref())
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
+        let auth = Arc::new(auth);
+        let rate_limits = Arc::new(crate::ratelimit::RateLimits::new(
+            &config.rate_limits,
+            auth.clone(),
+            clock,
+        ));
         Ok(AppState(Arc::new(Shared {
             limits,
-            auth: Arc::new(auth),
+            auth,
+            rate_limits,
             config: Arc::new(config),
             fleet,
             routing,
@@ -154,6 +163,11 @@ pub fn spawn_background(
         token.clone(),
     )));
     if let Some(g) = state.routing.gossip().cloned() {
+        handles.push(tokio::spawn(crate::ratelimit::share_usage(
+            state.rate_limits.clone(),
+            g.clone(),
+            token.clone(),
+        )));
         handles.push(tokio::spawn(publish_to_gossip(
             state.clone(),
             g,

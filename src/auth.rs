@@ -6,13 +6,19 @@
 //! - No key ever reaches a log line or `Debug` output: [`Principal`] and [`Keys`] print tenants only.
 //! - A keys file that fails to read or parse on reload keeps the keys in force (logged as an error).
 //! - A keys file is read with a bound ([`MAX_KEYS_FILE_BYTES`]).
+//! - A tenant's rate limits come from its `[[tenants]]` table and from its keys' own limit
+//!   fields; two places giving one tenant different values make the file invalid, so which
+//!   one applies never depends on order. Every reload bumps [`Keys::generation`].
 
 use crate::client::OutHeaders;
 use crate::config::AuthConfig;
 use crate::error::GatewayError;
+use kvgate_core::admission::Priority;
+use kvgate_core::ratelimit::Limits;
 use parking_lot::RwLock;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use subtle::ConstantTimeEq;
@@ -30,6 +36,8 @@ pub struct Principal {
     pub tenant: Arc<str>,
     /// Models the key may use; `None` = all.
     pub models: Option<Arc<[String]>>,
+    /// The most urgent admission class the key may ask for; more urgent asks are lowered to it.
+    pub max_priority: Option<Priority>,
 }
 
 impl Principal {
@@ -46,18 +54,27 @@ struct Entry {
     who: Principal,
 }
 
+/// A keys file's content.
+#[derive(Default)]
+struct Loaded {
+    entries: Vec<Entry>,
+    /// Every tenant the file names, with the limits it gives (unset fields: the defaults).
+    tenants: Vec<(Arc<str>, Limits)>,
+}
+
 /// The keys in force, replaceable on reload.
 pub struct Keys {
     enabled: bool,
-    entries: RwLock<Arc<Vec<Entry>>>,
+    loaded: RwLock<Arc<Loaded>>,
     env: Vec<Entry>,
+    generation: AtomicU64,
 }
 
 impl std::fmt::Debug for Keys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Keys")
             .field("enabled", &self.enabled)
-            .field("count", &self.entries.read().len())
+            .field("count", &self.loaded.read().entries.len())
             .finish()
     }
 }
@@ -67,6 +84,8 @@ impl std::fmt::Debug for Keys {
 struct KeysFile {
     #[serde(default)]
     keys: Vec<KeyEntry>,
+    #[serde(default)]
+    tenants: Vec<TenantEntry>,
 }
 
 #[derive(Deserialize)]
@@ -76,6 +95,61 @@ struct KeyEntry {
     tenant: String,
     #[serde(default)]
     models: Option<Vec<String>>,
+    #[serde(default)]
+    requests_per_second: Option<u64>,
+    #[serde(default)]
+    tokens_per_minute: Option<u64>,
+    #[serde(default)]
+    burst_requests: Option<u64>,
+    #[serde(default)]
+    burst_tokens: Option<u64>,
+    #[serde(default)]
+    max_priority: Option<Priority>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantEntry {
+    name: String,
+    #[serde(default)]
+    requests_per_second: Option<u64>,
+    #[serde(default)]
+    tokens_per_minute: Option<u64>,
+    #[serde(default)]
+    burst_requests: Option<u64>,
+    #[serde(default)]
+    burst_tokens: Option<u64>,
+    #[serde(default)]
+    max_priority: Option<Priority>,
+}
+
+/// Merges `add` into `into`; a field both set to different values is an error naming it.
+fn merge_limits(into: &mut Limits, add: Limits) -> Result<(), &'static str> {
+    for (key, a, b) in [
+        (
+            "requests_per_second",
+            &mut into.requests_per_second,
+            add.requests_per_second,
+        ),
+        (
+            "tokens_per_minute",
+            &mut into.tokens_per_minute,
+            add.tokens_per_minute,
+        ),
+        (
+            "burst_requests",
+            &mut into.burst_requests,
+            add.burst_requests,
+        ),
+        ("burst_tokens", &mut into.burst_tokens, add.burst_tokens),
+    ] {
+        match (*a, b) {
+            (Some(x), Some(y)) if x != y => return Err(key),
+            (None, Some(y)) => *a = Some(y),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// A keys source that cannot be used.
@@ -105,26 +179,78 @@ fn entry(key: &str, tenant: &str, models: Option<Vec<String>>) -> Entry {
         who: Principal {
             tenant: tenant.into(),
             models: models.map(Into::into),
+            max_priority: None,
         },
     }
 }
 
 /// Parses a keys file's text.
-fn parse_file(origin: &str, text: &str) -> Result<Vec<Entry>, KeysError> {
-    let file: KeysFile =
-        toml::from_str(text).map_err(|e| KeysError::Parse(origin.into(), e.to_string()))?;
-    file.keys
-        .into_iter()
-        .map(|k| {
-            if k.key.is_empty() || k.tenant.is_empty() {
-                return Err(KeysError::Parse(
-                    origin.into(),
-                    "every key needs a non-empty key and tenant".into(),
-                ));
+fn parse_file(origin: &str, text: &str) -> Result<Loaded, KeysError> {
+    let bad = |m: String| KeysError::Parse(origin.into(), m);
+    let file: KeysFile = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let mut tenants: Vec<(Arc<str>, Limits)> = Vec::new();
+    let mut add = |name: &str, limits: Limits| -> Result<(), KeysError> {
+        limits
+            .validate()
+            .map_err(|(k, m)| bad(format!("tenant `{name}`: {k} {m}")))?;
+        match tenants.iter_mut().find(|(n, _)| &**n == name) {
+            Some((_, l)) => merge_limits(l, limits).map_err(|k| {
+                bad(format!(
+                    "tenant `{name}` is given two different values of {k}"
+                ))
+            }),
+            None => {
+                tenants.push((name.into(), limits));
+                Ok(())
             }
-            Ok(entry(&k.key, &k.tenant, k.models))
-        })
-        .collect()
+        }
+    };
+    for t in &file.tenants {
+        if t.name.is_empty() {
+            return Err(bad("every tenant needs a non-empty name".into()));
+        }
+        if tenants_named(&file.tenants, &t.name) > 1 {
+            return Err(bad(format!("tenant `{}` is listed twice", t.name)));
+        }
+        add(
+            &t.name,
+            Limits {
+                requests_per_second: t.requests_per_second,
+                tokens_per_minute: t.tokens_per_minute,
+                burst_requests: t.burst_requests,
+                burst_tokens: t.burst_tokens,
+            },
+        )?;
+    }
+    let mut entries = Vec::with_capacity(file.keys.len());
+    for k in file.keys {
+        if k.key.is_empty() || k.tenant.is_empty() {
+            return Err(bad("every key needs a non-empty key and tenant".into()));
+        }
+        add(
+            &k.tenant,
+            Limits {
+                requests_per_second: k.requests_per_second,
+                tokens_per_minute: k.tokens_per_minute,
+                burst_requests: k.burst_requests,
+                burst_tokens: k.burst_tokens,
+            },
+        )?;
+        let mut e = entry(&k.key, &k.tenant, k.models);
+        // The key's own ceiling, else its tenant's.
+        e.who.max_priority = k.max_priority.or_else(|| {
+            file.tenants
+                .iter()
+                .find(|t| t.name == k.tenant)
+                .and_then(|t| t.max_priority)
+        });
+        entries.push(e);
+    }
+    Ok(Loaded { entries, tenants })
+}
+
+fn tenants_named(tenants: &[TenantEntry], name: &str) -> usize {
+    tenants.iter().filter(|t| t.name == name).count()
 }
 
 /// Parses `key:tenant,key:tenant`.
@@ -163,12 +289,13 @@ impl Keys {
         let file = if cfg.enabled && !cfg.keys_file.is_empty() {
             parse_file(&cfg.keys_file, &read_file(&cfg.keys_file)?)?
         } else {
-            Vec::new()
+            Loaded::default()
         };
         Ok(Keys {
             enabled: cfg.enabled,
-            entries: RwLock::new(Arc::new(file)),
+            loaded: RwLock::new(Arc::new(file)),
             env,
+            generation: AtomicU64::new(0),
         })
     }
 
@@ -180,9 +307,9 @@ impl Keys {
     /// The principal of `key`, compared against every digest in constant time.
     fn lookup(&self, key: &[u8]) -> Option<Principal> {
         let d = digest(key);
-        let file = self.entries.read().clone();
+        let file = self.loaded.read().clone();
         let mut found = None;
-        for e in file.iter().chain(self.env.iter()) {
+        for e in file.entries.iter().chain(self.env.iter()) {
             // No early exit: the time taken does not depend on which entry matched.
             if bool::from(e.digest.ct_eq(&d)) && found.is_none() {
                 found = Some(e.who.clone());
@@ -206,9 +333,27 @@ impl Keys {
     /// Replaces the file's keys with `text`'s; on error keeps the old ones.
     fn replace(&self, origin: &str, text: &str) -> Result<usize, KeysError> {
         let new = parse_file(origin, text)?;
-        let n = new.len();
-        *self.entries.write() = Arc::new(new);
+        let n = new.entries.len();
+        *self.loaded.write() = Arc::new(new);
+        self.generation.fetch_add(1, Ordering::Release);
         Ok(n)
+    }
+
+    /// Bumped on every reload: a cheap way to see that [`Keys::tenants`] may have changed.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Every tenant the keys name (file tenants with their limits, then the environment keys'
+    /// tenants with none of their own), each once.
+    pub fn tenants(&self) -> Vec<(Arc<str>, Limits)> {
+        let mut out = self.loaded.read().tenants.clone();
+        for e in &self.env {
+            if !out.iter().any(|(n, _)| *n == e.who.tenant) {
+                out.push((e.who.tenant.clone(), Limits::default()));
+            }
+        }
+        out
     }
 }
 
@@ -297,6 +442,72 @@ mod tests {
         assert!(keys.replace("f", "not toml [").is_err());
         let p = keys.lookup(b"k1").unwrap();
         assert!(p.allows("m") && !p.allows("other"));
+    }
+
+    #[test]
+    fn tenant_limits_merge_from_tenants_and_keys_and_conflicts_are_errors() {
+        let text = r#"
+            [[tenants]]
+            name = "a"
+            requests_per_second = 5
+
+            [[keys]]
+            key = "k1"
+            tenant = "a"
+            tokens_per_minute = 1000
+
+            [[keys]]
+            key = "k2"
+            tenant = "b"
+        "#;
+        let l = parse_file("f", text).unwrap();
+        let a = &l.tenants[0];
+        assert_eq!(&*a.0, "a");
+        assert_eq!(
+            (a.1.requests_per_second, a.1.tokens_per_minute),
+            (Some(5), Some(1000))
+        );
+        assert_eq!(l.tenants[1].1, Limits::default());
+        let clash =
+            format!("{text}\n[[keys]]\nkey = \"k3\"\ntenant = \"a\"\nrequests_per_second = 6\n");
+        let e = parse_file("f", &clash).err().unwrap().to_string();
+        assert!(e.contains("requests_per_second"), "{e}");
+        let zero = "[[tenants]]\nname = \"z\"\nrequests_per_second = 0\n";
+        assert!(parse_file("f", zero).is_err());
+    }
+
+    #[test]
+    fn max_priority_from_the_key_else_its_tenant() {
+        let text = r#"
+            [[tenants]]
+            name = "a"
+            max_priority = "standard"
+
+            [[keys]]
+            key = "k1"
+            tenant = "a"
+
+            [[keys]]
+            key = "k2"
+            tenant = "a"
+            max_priority = "sheddable"
+
+            [[keys]]
+            key = "k3"
+            tenant = "b"
+        "#;
+        let keys = Keys::load(&on(), None).unwrap();
+        keys.replace("f", text).unwrap();
+        let p = |k: &[u8]| keys.lookup(k).unwrap().max_priority;
+        assert_eq!(p(b"k1"), Some(Priority::Standard));
+        assert_eq!(p(b"k2"), Some(Priority::Sheddable));
+        assert_eq!(p(b"k3"), None);
+        assert!(keys
+            .replace(
+                "f",
+                "[[tenants]]\nname = \"x\"\nmax_priority = \"urgent\"\n"
+            )
+            .is_err());
     }
 
     #[test]

@@ -129,6 +129,9 @@ pub enum GatewayError {
     /// The key's tenant may not use this model.
     #[error("model `{0}` is not allowed for this API key")]
     ModelNotAllowed(String),
+    /// The tenant is over its rate limit (requests per second or tokens per minute).
+    #[error("rate limit exceeded ({} per {}); retry after {} s", .0.limit, if .0.limit == "requests" { "second" } else { "minute" }, .0.retry_after_s())]
+    RateLimited(Box<crate::ratelimit::Refused>),
     /// Every tokenizing thread is busy and the queue for them is full or was waited on too long.
     #[error("the gateway's tokenizers are busy ({queued} prompts waiting); retry shortly")]
     TokenizerBusy {
@@ -161,7 +164,7 @@ impl GatewayError {
             UpstreamConnect { .. } | UpstreamProtocol { .. } => StatusCode::BAD_GATEWAY,
             UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Overloaded { .. } | RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             TokenizerBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -182,6 +185,7 @@ impl GatewayError {
             | ModelRequired
             | InvalidApiKey
             | ModelNotAllowed(_)
+            | RateLimited(_)
             | NotFound(_) => Fault::Client,
             UpstreamConnect { .. } | UpstreamTimeout { .. } | UpstreamProtocol { .. } => {
                 Fault::Upstream
@@ -202,6 +206,7 @@ impl GatewayError {
             GatewayError::NoHealthyInstance { .. }
                 | GatewayError::UpstreamConnect { .. }
                 | GatewayError::Overloaded { .. }
+                | GatewayError::RateLimited(_)
                 | GatewayError::TokenizerBusy { .. }
                 | GatewayError::BodyBudgetExhausted { .. }
                 | GatewayError::TooManyConnections { .. }
@@ -221,10 +226,38 @@ impl GatewayError {
 
     /// OpenAI error `type`.
     pub fn error_type(&self) -> &'static str {
+        if let GatewayError::RateLimited(_) = self {
+            // What OpenAI's clients look for to back off.
+            return "rate_limit_exceeded";
+        }
         match self.fault() {
             Fault::Client => "invalid_request_error",
             Fault::Upstream => "upstream_error",
             Fault::Gateway => "service_unavailable",
+        }
+    }
+
+    /// Why the gateway refused the request, as the audit log and tenant metrics name it.
+    pub fn audit_reason(&self) -> &'static str {
+        use GatewayError::*;
+        match self {
+            InvalidApiKey => "auth",
+            ModelNotAllowed(_) | UnknownModel(_) | ModelRequired => "model",
+            RateLimited(_) => "rate_limit",
+            Overloaded { .. } => "admission",
+            PayloadTooLarge { .. }
+            | BodyTimeout { .. }
+            | BodyBudgetExhausted { .. }
+            | TooManyConnections { .. } => "limits",
+            MalformedJson(_)
+            | NotAnObject
+            | MissingField(_)
+            | InvalidField { .. }
+            | UnsupportedMediaType(_)
+            | BodyRead(_)
+            | NotFound(_) => "invalid_request",
+            UpstreamConnect { .. } | UpstreamTimeout { .. } | UpstreamProtocol { .. } => "upstream",
+            NoHealthyInstance { .. } | TokenizerBusy { .. } | Internal(_) => "unavailable",
         }
     }
 
@@ -254,6 +287,7 @@ impl GatewayError {
             TokenizerBusy { .. } => "tokenizer_busy",
             InvalidApiKey => "invalid_api_key",
             ModelNotAllowed(_) => "model_not_allowed",
+            RateLimited(_) => "rate_limit_exceeded",
         }
     }
 
@@ -301,6 +335,12 @@ impl IntoResponse for GatewayError {
         {
             h.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_s));
             h.insert(X_REJECT_REASON, HeaderValue::from_static(reason));
+        }
+        if let GatewayError::RateLimited(r) = &self {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(r.retry_after_s()));
+            crate::ratelimit::headers(&r.status, |n, v| {
+                h.insert(n, v);
+            });
         }
         if matches!(self, GatewayError::InvalidApiKey) {
             h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

@@ -30,6 +30,9 @@
 //!   wait in the pool's queue (`kvgate_core::admission`: priority classes, token-fair tenant
 //!   share) and are admitted as requests on the pool finish; 429 with `Retry-After` when the
 //!   queue is full, the wait bound passes or a request is shed.
+//! - [`ratelimit`] — per-tenant rate limits (requests/s, tokens/min) over
+//!   `kvgate_core::ratelimit`: checked before admission, output charged as it streams, OpenAI's
+//!   `x-ratelimit-*` headers, usage shared with gossip peers so replicas enforce one budget.
 //! - [`admin`] — `/health`, `/ready`, `/metrics`, `/v1/models`, `/admin/*`.
 //! - [`routing`] — the only caller of the routing core: prompt → block hashes → usable instances
 //!   offered to `kvgate_core::router::Router::route` (index match → policy decision → prediction +
@@ -77,4 +80,5 @@ pub mod events;
 pub mod fleet;
 pub mod metrics;
 pub mod proxy;
+pub mod ratelimit;
 pub mod routing;

@@ -208,6 +208,13 @@ async fn serve(mut cfg: Config, threads: usize) -> Result<()> {
     } else {
         None
     };
+    if embedded.is_none() && !cfg.auth.enabled {
+        // Real instances with no keys: anyone who reaches the port spends their capacity.
+        tracing::warn!(
+            listen = %cfg.server.listen,
+            "[auth] is OFF in front of real instances: the gateway is OPEN, any client that can reach it may use every model; set auth.enabled = true (docs/security.md)"
+        );
+    }
     let listener = tokio::net::TcpListener::bind(&cfg.server.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.server.listen))?;

@@ -30,6 +30,13 @@ pub const RETRIES: &str = "kvgate_retries_total";
 pub const RETRACTIONS: &str = "kvgate_prediction_retractions_total";
 /// Requests rejected by the gateway itself, by error code.
 pub const REJECTED: &str = "kvgate_rejected_requests_total";
+/// Requests answered per tenant (label: the keys file's tenants, `anonymous` without keys,
+/// `unauthenticated` for requests without a valid key).
+pub const TENANT_REQUESTS: &str = "kvgate_tenant_requests_total";
+/// Requests the gateway refused per tenant, by reason ([`crate::error::GatewayError::audit_reason`]).
+pub const TENANT_REJECTIONS: &str = "kvgate_tenant_rejections_total";
+/// Tokens charged to a tenant's rate limit, by kind (`prompt`, `output`).
+pub const TENANT_TOKENS: &str = "kvgate_tenant_tokens_charged_total";
 /// Instance health (1 usable, 0 unhealthy or ejected).
 pub const INSTANCE_HEALTHY: &str = "kvgate_instance_healthy";
 /// Passive ejections after consecutive connect failures.
@@ -161,6 +168,15 @@ fn build() -> Result<PrometheusHandle, String> {
         "Routing predictions taken back (locally and through gossip): the attempt was refused, or admission control held the request back."
     );
     describe_counter!(REJECTED, "Requests rejected by the gateway, by error code.");
+    describe_counter!(TENANT_REQUESTS, "Requests answered per tenant.");
+    describe_counter!(
+        TENANT_REJECTIONS,
+        "Requests the gateway refused per tenant, by reason."
+    );
+    describe_counter!(
+        TENANT_TOKENS,
+        "Tokens charged to tenants' rate limits, by kind (prompt, output)."
+    );
     describe_gauge!(
         INSTANCE_HEALTHY,
         "1 when the instance receives traffic, 0 when unhealthy or ejected."
@@ -340,6 +356,23 @@ pub fn record_rejected(route: &'static str, code: &'static str, class: &'static 
     counter!(REJECTED, "route" => route, "code" => code).increment(1);
     counter!(REQUESTS, "route" => route, "pool" => "", "instance" => "", "status" => class)
         .increment(1);
+}
+
+/// A request of `tenant` answered (refused or not).
+pub fn record_tenant_request(tenant: &str) {
+    counter!(TENANT_REQUESTS, "tenant" => tenant.to_string()).increment(1);
+}
+
+/// A request of `tenant` refused for `reason`.
+pub fn record_tenant_rejection(tenant: &str, reason: &'static str) {
+    counter!(TENANT_REJECTIONS, "tenant" => tenant.to_string(), "reason" => reason).increment(1);
+}
+
+/// `n` tokens of `kind` (`prompt` or `output`) charged to `tenant`'s rate limit.
+pub fn record_tenant_tokens(tenant: &str, kind: &'static str, n: u64) {
+    if n > 0 {
+        counter!(TENANT_TOKENS, "tenant" => tenant.to_string(), "kind" => kind).increment(n);
+    }
 }
 
 /// First streamed chunk.

@@ -151,3 +151,34 @@ async fn keys_file_reloads_without_restart() {
         assert_eq!(r.status(), 401, "{via:?}");
     }
 }
+
+#[tokio::test]
+async fn models_list_needs_a_key_and_shows_only_allowed_models() {
+    let (_a, gw, _p) = gateway(KEYS, |_| {}).await;
+    let ids = |key: &'static str| {
+        let gw = &gw;
+        async move {
+            let r = client()
+                .get(gw.url("/v1/models"))
+                .header("x-api-key", key)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let v: serde_json::Value = r.json().await.unwrap_or_default();
+            let ids: Vec<String> = v["data"]
+                .as_array()
+                .map(|d| {
+                    d.iter()
+                        .filter_map(|m| m["id"].as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default();
+            (status, ids)
+        }
+    };
+    let listed = eventually_async(10, || async { ids("sk-good").await.1 == ["m"] }).await;
+    assert!(listed, "{:?}", ids("sk-good").await);
+    assert_eq!(ids("sk-other-model").await, (200, vec![]));
+    assert_eq!(ids("sk-bad").await.0, 401);
+}

@@ -5,8 +5,8 @@
 
 use kvgate_gossip::wire::envelope::{Keys, OVERHEAD};
 use kvgate_gossip::wire::payload::{
-    decode_chunk, decode_delta, decode_load, decode_resend, decode_snapshot_request, Entry,
-    LoadShare,
+    decode_chunk, decode_delta, decode_load, decode_resend, decode_snapshot_request, decode_usage,
+    Entry, LoadShare, Usage,
 };
 use libfuzzer_sys::fuzz_target;
 use std::mem::size_of;
@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
     };
     // Decoders allocate at most this much: every entry takes ≥ 11 bytes, a load share ≥ 12.
     let bound = 5 * p.len() + 64;
-    match sel % 6 {
+    match sel % 7 {
         0 => {
             let keys = Keys::new("fuzz", b"secret");
             let mut payload = Vec::new();
@@ -51,8 +51,14 @@ fuzz_target!(|data: &[u8]| {
         4 => {
             let _ = decode_snapshot_request(p);
         }
-        _ => {
+        5 => {
             let _ = decode_resend(p);
+        }
+        _ => {
+            // Every usage entry takes ≥ 10 bytes.
+            if let Ok(u) = decode_usage(p) {
+                assert!(u.capacity() * size_of::<Usage>() <= bound);
+            }
         }
     }
 });

@@ -25,6 +25,10 @@ pub const POLICY: &str = "KVGATE_POLICY";
 pub const HASH_MODE: &str = "KVGATE_HASH_MODE";
 /// `sim.engines`: size of the embedded simulated fleet.
 pub const SIM_ENGINES: &str = "KVGATE_SIM_ENGINES";
+/// `rate_limits.requests_per_second`: default requests per second per tenant.
+pub const RATE_LIMIT_REQUESTS_PER_SECOND: &str = "KVGATE_RATE_LIMIT_REQUESTS_PER_SECOND";
+/// `rate_limits.tokens_per_minute`: default tokens per minute per tenant.
+pub const RATE_LIMIT_TOKENS_PER_MINUTE: &str = "KVGATE_RATE_LIMIT_TOKENS_PER_MINUTE";
 
 /// All variables applied as config overrides, in the order they are applied.
 pub const OVERRIDES: &[&str] = &[
@@ -38,4 +42,6 @@ pub const OVERRIDES: &[&str] = &[
     POLICY,
     HASH_MODE,
     SIM_ENGINES,
+    RATE_LIMIT_REQUESTS_PER_SECOND,
+    RATE_LIMIT_TOKENS_PER_MINUTE,
 ];

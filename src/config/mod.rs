@@ -11,6 +11,7 @@ mod admission;
 mod auth;
 pub mod env;
 mod pools;
+mod ratelimit;
 mod routing;
 mod server;
 mod upstream;
@@ -18,6 +19,7 @@ mod upstream;
 pub use admission::AdmissionConfig;
 pub use auth::AuthConfig;
 pub use pools::{Flavour, InstanceConfig, PoolConfig, SimConfig};
+pub use ratelimit::RateLimitsConfig;
 pub use routing::{HashMode, IndexSection, RoutingConfig, TokenizeSection};
 pub use server::{LimitsConfig, LogFormat, ServerConfig};
 pub use upstream::{HealthConfig, LoadConfig, UpstreamConfig};
@@ -51,6 +53,8 @@ pub struct Config {
     pub admission: AdmissionConfig,
     /// Client authentication: API keys, their tenants and allowed models.
     pub auth: AuthConfig,
+    /// Default per-tenant rate limits (tenants' own are in the keys file).
+    pub rate_limits: RateLimitsConfig,
 }
 
 /// A configuration problem, naming the offending key (or environment variable).
@@ -168,6 +172,20 @@ impl Config {
         }
         if let Some(v) = lookup(env::SIM_ENGINES) {
             self.sim.engines = parse(env::SIM_ENGINES, "sim.engines", &v)?;
+        }
+        if let Some(v) = lookup(env::RATE_LIMIT_REQUESTS_PER_SECOND) {
+            self.rate_limits.requests_per_second = Some(parse(
+                env::RATE_LIMIT_REQUESTS_PER_SECOND,
+                "rate_limits.requests_per_second",
+                &v,
+            )?);
+        }
+        if let Some(v) = lookup(env::RATE_LIMIT_TOKENS_PER_MINUTE) {
+            self.rate_limits.tokens_per_minute = Some(parse(
+                env::RATE_LIMIT_TOKENS_PER_MINUTE,
+                "rate_limits.tokens_per_minute",
+                &v,
+            )?);
         }
         if let Some(v) = lookup(kvgate_gossip::ENV_SECRET).filter(|v| !v.is_empty()) {
             self.gossip.secret = v;
@@ -347,6 +365,9 @@ impl Config {
         self.admission
             .validate()
             .map_err(|(key, message)| invalid(format!("admission.{key}"), message))?;
+        self.rate_limits
+            .validate()
+            .map_err(|(key, message)| invalid(format!("rate_limits.{key}"), message))?;
         self.validate_pools()
     }
 

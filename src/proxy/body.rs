@@ -67,6 +67,12 @@ pub struct Tracker {
     /// SSE events seen in a stream (one per token for vLLM's and SGLang's default stream
     /// interval; a usage chunk makes it over-count by one).
     events: Events,
+    /// The tenant whose token budget this response's output is charged to, if limited.
+    rate_tenant: Option<(kvgate_core::ratelimit::TenantKey, std::sync::Arc<str>)>,
+    /// Output tokens charged so far.
+    charged: u64,
+    /// The answer's own `completion_tokens`, when it reports one (charged at the end, if more).
+    usage: crate::proxy::usage::CompletionTokens,
 }
 
 impl Tracker {
@@ -97,6 +103,52 @@ impl Tracker {
             finished: false,
             first: None,
             events: Events::default(),
+            rate_tenant: None,
+            charged: 0,
+            usage: Default::default(),
+        }
+    }
+
+    /// Charges this response's output tokens to `tenant`'s rate limit as they stream.
+    pub fn charge_to(
+        &mut self,
+        tenant: kvgate_core::ratelimit::TenantKey,
+        label: std::sync::Arc<str>,
+    ) {
+        self.rate_tenant = Some((tenant, label));
+    }
+
+    /// A data frame of the response passed: charges what it carried to the tenant's budget.
+    fn on_data(&mut self, data: &[u8]) {
+        if self.stream {
+            self.events.feed(data);
+        }
+        let Some((tenant, label)) = &self.rate_tenant else {
+            return;
+        };
+        self.usage.feed(data);
+        if self.stream {
+            let seen = u64::from(self.events.tokens());
+            if seen > self.charged {
+                self.state
+                    .rate_limits
+                    .charge_output(*tenant, label, seen - self.charged);
+                self.charged = seen;
+            }
+        }
+    }
+
+    /// The end: what the answer reported beyond what was counted is charged too.
+    fn settle_charge(&mut self) {
+        let (Some((tenant, label)), Some(reported)) = (&self.rate_tenant, self.usage.found())
+        else {
+            return;
+        };
+        if reported > self.charged {
+            self.state
+                .rate_limits
+                .charge_output(*tenant, label, reported - self.charged);
+            self.charged = reported;
         }
     }
 
@@ -145,6 +197,7 @@ impl Tracker {
             return;
         }
         self.finished = true;
+        self.settle_charge();
         if end == End::Complete && self.stream {
             // Sampled before the guard is dropped: the batch still includes this sequence.
             self.observe_decode();
@@ -244,9 +297,7 @@ impl Body for ProxyBody {
                     if !this.tracker.first_seen {
                         this.tracker.on_first_data();
                     }
-                    if this.tracker.stream {
-                        this.tracker.events.feed(data);
-                    }
+                    this.tracker.on_data(data);
                     // After the last frame there is nothing left to time (and re-arming a timer
                     // takes the timer driver's lock twice: to insert it and to drop it).
                     if !ended {

@@ -31,6 +31,7 @@ pub mod parse;
 pub mod reply;
 pub mod server;
 pub mod service;
+pub mod usage;
 
 use crate::admission::{Gate, PRIORITY_HEADER};
 use crate::app::AppState;
@@ -87,6 +88,7 @@ where
 {
     let started = Instant::now();
     let rid = headers::request_id(req.headers().get(&state.request_id_header));
+    let mut tenant = None;
     let result = async {
         let (parts, body) = req.into_parts();
         headers::is_json(parts.headers.get(header::CONTENT_TYPE))
@@ -105,6 +107,7 @@ where
         headers::strip_hop_by_hop(&mut up);
         up.remove(&state.request_id_header);
         let who = state.auth.check(&OutHeaders::Map(&up))?;
+        tenant = who.as_ref().map(|p| p.tenant.clone());
         let (tenant_header, strip_key) = client_filter(&state);
         let dropped: Vec<http::HeaderName> = up
             .keys()
@@ -125,7 +128,7 @@ where
         forwarded
     }
     .await;
-    answer(&state, endpoint, result, rid)
+    answer(&state, endpoint, result, rid, tenant)
 }
 
 /// A request as [`h1`] read it, its body complete.
@@ -154,6 +157,11 @@ pub async fn handle_raw(state: &AppState, endpoint: Endpoint, req: RawRequest) -
         headers::is_json(req.content_type.as_ref()).map_err(GatewayError::UnsupportedMediaType);
     let mut fields = req.fields;
     let who = checked.and_then(|()| state.auth.check(&OutHeaders::Fields(&fields)));
+    let tenant = who
+        .as_ref()
+        .ok()
+        .and_then(|w| w.as_ref())
+        .map(|p| p.tenant.clone());
     let result = match who {
         Ok(who) => {
             let (tenant_header, strip_key) = client_filter(state);
@@ -167,7 +175,7 @@ pub async fn handle_raw(state: &AppState, endpoint: Endpoint, req: RawRequest) -
         }
         Err(e) => Err(e),
     };
-    answer(state, endpoint, result, rid)
+    answer(state, endpoint, result, rid, tenant)
 }
 
 /// What [`headers::from_client`] filters by: the tenant header and whether to strip the key.
@@ -182,21 +190,46 @@ fn client_filter(state: &AppState) -> (&str, bool) {
 /// The answer to a request [`h1`] refuses before reading all of its body (a limit): the error's,
 /// counted and logged as every other.
 pub fn refusal(state: &AppState, endpoint: Endpoint, e: GatewayError) -> Reply {
-    answer(state, endpoint, Err(e), headers::request_id(None))
+    answer(state, endpoint, Err(e), headers::request_id(None), None)
 }
 
-/// The reply to a request with id `rid`: the forwarded answer, or the error's, counted and
-/// logged.
+/// A tenant's bounded label: the key's tenant, [`crate::ratelimit::ANONYMOUS`] without keys,
+/// `unauthenticated` when keys are on and the request had no valid one.
+fn tenant_label(state: &AppState, tenant: Option<&std::sync::Arc<str>>) -> std::sync::Arc<str> {
+    match tenant {
+        Some(t) => t.clone(),
+        None if state.auth.enabled() => "unauthenticated".into(),
+        None => crate::ratelimit::ANONYMOUS.into(),
+    }
+}
+
+/// The reply to a request with id `rid` of `tenant` (once known): the forwarded answer, or the
+/// error's, counted and logged; a refusal also gets one audit line.
 fn answer(
     state: &AppState,
     endpoint: Endpoint,
     result: Result<Reply, GatewayError>,
     rid: HeaderValue,
+    tenant: Option<std::sync::Arc<str>>,
 ) -> Reply {
+    let label = tenant_label(state, tenant.as_ref());
+    metrics::record_tenant_request(&label);
     let mut reply = match result {
         Ok(r) => r,
         Err(e) => {
             let status = e.status();
+            let reason = e.audit_reason();
+            metrics::record_tenant_rejection(&label, reason);
+            // Tenant, reason, status and id only: never the prompt or the key.
+            tracing::info!(
+                target: "kvgate::audit",
+                tenant = %label,
+                reason,
+                status = status.as_u16(),
+                code = e.code(),
+                request_id = ?rid,
+                "request refused"
+            );
             metrics::record_rejected(
                 endpoint.label(),
                 e.code(),
@@ -323,6 +356,11 @@ async fn forward(
         }
     }
     let (prep, stream, body_priority) = (ready.prep, ready.stream, ready.priority);
+    // Within budget now, or refused before anything is queued or routed.
+    let rate = state.rate_limits.admit(
+        &tenant_label(state, who.as_ref().map(|p| &p.tenant)),
+        u64::from(prep.prompt_tokens),
+    )?;
     let adm = &state.admission;
     let mut gate = if adm.enabled() {
         let output = state.routing.expected_output(pool.index, prep.max_tokens);
@@ -337,6 +375,7 @@ async fn forward(
             },
             u64::from(prep.prompt_tokens) + u64::from(output),
         )
+        .with_ceiling(who.as_ref().and_then(|p| p.max_priority))
     } else {
         Gate::off()
     };
@@ -440,7 +479,7 @@ async fn forward(
                     routed,
                     times,
                     stream,
-                    gate.hand_over(),
+                    (gate.hand_over(), rate),
                 ));
             }
             Err(e @ (SendError::Connect(_) | SendError::Closed(_)))
@@ -505,7 +544,7 @@ fn note_ejection(inst: &crate::fleet::Instance, eject_ms: u64, why: &str) {
 }
 
 /// `times`: the request's arrival and the chosen attempt's dispatch. `admitted`: the pool whose
-/// admission place the response holds until it ends.
+/// admission place the response holds until it ends, and the rate limit it was admitted under.
 fn relay(
     state: &AppState,
     endpoint: Endpoint,
@@ -513,8 +552,9 @@ fn relay(
     routed: crate::routing::Routed,
     times: (Instant, Instant),
     stream: bool,
-    admitted: Option<usize>,
+    admitted: (Option<usize>, Option<crate::ratelimit::Admitted>),
 ) -> Reply {
+    let (admitted, rate) = admitted;
     let inst = state.fleet.instance(routed.chosen);
     let mut tracker = Tracker::new(
         state.clone(),
@@ -527,6 +567,9 @@ fn relay(
         resp.status.as_u16(),
     );
     tracker.dispatched(times.1, admitted);
+    if let Some(r) = &rate {
+        tracker.charge_to(r.tenant, r.label.clone());
+    }
     let idle = Duration::from_millis(state.config.upstream.idle_timeout_ms);
     let body = GatewayBody::Relay {
         body: ProxyBody::new(resp.body, idle, tracker),
@@ -539,6 +582,9 @@ fn relay(
     );
     if let Some(v) = headers::one_decimal(routed.predicted_cost_ms) {
         reply.set(headers::X_PREDICTED_TTFT, v);
+    }
+    if let Some(r) = &rate {
+        crate::ratelimit::headers(&r.status, |n, v| reply.set(n, v));
     }
     reply
 }

@@ -28,6 +28,8 @@
 //!   is saturated: strict priority classes, token-fair share between tenants within a class,
 //!   entry / token / wait bounds, shedding of lower classes first, and the drain rate behind a
 //!   rejection's `Retry-After`.
+//! - [`ratelimit`]: per-tenant request and token buckets on virtual time in a bounded map, and
+//!   the ledger that turns peers' cumulative usage reports into charges.
 //! - [`router`]: the one decision sequence, [`router::Router::route`], that the gateway and the
 //!   offline simulator both call, and the learning that follows a dispatch (first token, end of
 //!   the decode).
@@ -51,6 +53,7 @@ pub mod hash;
 pub mod index;
 pub mod load;
 pub mod policy;
+pub mod ratelimit;
 pub mod router;
 mod types;
 

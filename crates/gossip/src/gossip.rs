@@ -176,6 +176,7 @@ impl Gossip {
             has_checkpoints: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             snapshot_slots: Arc::new(Semaphore::new(snapshot::SNAPSHOT_SLOTS)),
+            usage_sink: std::sync::OnceLock::new(),
         });
         let (shutdown, rx) = watch::channel(false);
         let identity = NodeIdentity {
@@ -311,6 +312,24 @@ impl Gossip {
                 l.dirty = true;
             }
         }
+    }
+
+    /// Sends this replica's cumulative usage per tenant to every live peer now (chunked into
+    /// datagrams of at most [`crate::wire::payload::MAX_USAGE_ENTRIES`] entries; sealed like the rest).
+    pub async fn publish_usage(&self, usage: &[crate::wire::payload::Usage]) {
+        let dests = self.inner.live_dests();
+        let mut buf = Vec::new();
+        for part in usage.chunks(crate::wire::payload::MAX_USAGE_ENTRIES) {
+            crate::wire::payload::encode_usage(part, &mut buf);
+            self.inner
+                .send_sealed(crate::wire::Kind::Usage, &buf, &dests)
+                .await;
+        }
+    }
+
+    /// Where peers' usage reports are delivered (set once; later calls are ignored).
+    pub fn on_usage(&self, sink: crate::node::UsageSink) {
+        let _ = self.inner.usage_sink.set(sink);
     }
 
     /// Publishes this replica's health observations (true = healthy).

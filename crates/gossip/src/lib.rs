@@ -103,6 +103,6 @@ pub mod wire;
 pub use config::{GossipConfig, ENV_SECRET};
 pub use directory::{instance_key, InstanceDirectory};
 pub use gossip::{Gossip, GossipError};
-pub use node::Clock;
+pub use node::{Clock, UsageSink};
 pub use status::{ClusterStatus, MemberStatus};
 pub use store::PlacementStore;

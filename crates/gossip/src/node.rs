@@ -29,6 +29,9 @@ use tokio::sync::{mpsc, Semaphore};
 /// The caller's monotonic clock (the same origin as the index's `now`).
 pub type Clock = Arc<dyn Fn() -> Millis + Send + Sync>;
 
+/// Where peers' usage reports go: `(sender node id, cumulative usage)`.
+pub type UsageSink = Arc<dyn Fn(u64, &[payload::Usage]) + Send + Sync>;
+
 /// Bound on the peer table.
 const MAX_PEERS: usize = 1024;
 /// A snapshot request with no progress for this long is asked again.
@@ -176,6 +179,8 @@ pub(crate) struct Inner {
     /// Set by shutdown; background snapshot transfers stop at their next chunk.
     pub stopping: AtomicBool,
     pub snapshot_slots: Arc<Semaphore>,
+    /// Receives peers' usage reports, once the caller set it.
+    pub usage_sink: std::sync::OnceLock<UsageSink>,
 }
 
 impl Inner {

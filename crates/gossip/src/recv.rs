@@ -111,6 +111,12 @@ async fn dispatch(
             let shares = payload::decode_load(p)?;
             inner.set_shares(h.sender, shares);
         }
+        Kind::Usage => {
+            let usage = payload::decode_usage(p)?;
+            if let Some(sink) = inner.usage_sink.get() {
+                sink(h.sender, &usage);
+            }
+        }
         Kind::SnapshotRequest => {
             let request_id = payload::decode_snapshot_request(p)?;
             snapshot::serve(inner, h.sender, src, request_id);

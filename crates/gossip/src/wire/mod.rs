@@ -32,6 +32,8 @@ pub enum Kind {
     SnapshotChunk = 5,
     /// "Resend delta batches `from..=to`; I missed them."
     ResendRequest = 6,
+    /// The sender's cumulative usage per rate-limited tenant (full state, idempotent).
+    Usage = 7,
 }
 
 impl Kind {
@@ -44,6 +46,7 @@ impl Kind {
             4 => Kind::SnapshotRequest,
             5 => Kind::SnapshotChunk,
             6 => Kind::ResendRequest,
+            7 => Kind::Usage,
             _ => return None,
         })
     }
@@ -56,6 +59,7 @@ impl Kind {
             Kind::SnapshotRequest => "snapshot_request",
             Kind::SnapshotChunk => "snapshot_chunk",
             Kind::ResendRequest => "resend_request",
+            Kind::Usage => "usage",
         }
     }
 }

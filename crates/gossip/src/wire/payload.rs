@@ -10,7 +10,10 @@
 //!                            decoding:varint health:u8)*n
 //! snapshot_req   = request_id:u64
 //! resend_req     = from:varint to:varint
+//! usage          = n:varint (tenant_key:u64 requests:varint tokens:varint)*n
 //! ```
+//! A usage datagram carries cumulative totals since the sender started, so it is idempotent:
+//! receivers charge only what grew (`kvgate_core::ratelimit::PeerLedger`).
 //! In a delta, an entry with `ttl_ms` 0 takes a decision back (its request never reached the
 //! instance): receivers drop their predictions and checkpoints of those hashes there. Receivers
 //! that predate retractions ignore it, as they ignore any expired entry.
@@ -316,6 +319,40 @@ pub fn decode_resend(p: &[u8]) -> Result<(u64, u64), Malformed> {
     Ok((from, to))
 }
 
+/// Most usage entries in one datagram (each at most 28 bytes: well inside a datagram).
+pub const MAX_USAGE_ENTRIES: usize = 1024;
+
+/// One tenant's cumulative usage at the sender: `(tenant_key, requests, tokens)`.
+pub type Usage = (u64, u64, u64);
+
+/// Encodes at most [`MAX_USAGE_ENTRIES`] of `usage` (the caller chunks longer lists).
+pub fn encode_usage(usage: &[Usage], out: &mut Vec<u8>) {
+    out.clear();
+    let usage = &usage[..usage.len().min(MAX_USAGE_ENTRIES)];
+    put_varint(out, usage.len() as u64);
+    for &(tenant, requests, tokens) in usage {
+        out.extend_from_slice(&tenant.to_le_bytes());
+        put_varint(out, requests);
+        put_varint(out, tokens);
+    }
+}
+
+/// Decodes a usage payload.
+pub fn decode_usage(p: &[u8]) -> Result<Vec<Usage>, Malformed> {
+    let mut r = Reader::new(p);
+    let n = r.varint()?;
+    // Smallest entry: 8-byte key + two 1-byte varints.
+    if n > MAX_USAGE_ENTRIES as u64 || n > (r.remaining() / 10) as u64 {
+        return Err(Malformed);
+    }
+    let mut out = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        out.push((r.u64()?, r.varint()?, r.varint()?));
+    }
+    r.finish()?;
+    Ok(out)
+}
+
 /// Bytes one decision of `n` new blocks costs on the wire inside a batch (no envelope).
 pub fn entry_wire_bytes(age_ms: u64, ttl_ms: u64, n: usize) -> usize {
     8 + varint_len(age_ms) + varint_len(ttl_ms) + varint_len(n as u64) + 8 * n
@@ -324,6 +361,17 @@ pub fn entry_wire_bytes(age_ms: u64, ttl_ms: u64, n: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_round_trips_and_rejects_lying_counts() {
+        let u = vec![(1, 2, 3), (u64::MAX, 0, u64::MAX)];
+        let mut b = Vec::new();
+        encode_usage(&u, &mut b);
+        assert_eq!(decode_usage(&b), Ok(u));
+        assert_eq!(decode_usage(&[0xff, 0x01]), Err(Malformed));
+        b.push(0);
+        assert_eq!(decode_usage(&b), Err(Malformed), "trailing bytes");
+    }
 
     #[test]
     fn delta_round_trip_and_split() {

@@ -1,0 +1,270 @@
+//! Per-tenant rate limits end to end, over both serving paths (kvgate's HTTP/1.1 loop for a body
+//! with a length, hyper for a chunked body): OpenAI's `x-ratelimit-*` headers on answers, 429
+//! `rate_limit_exceeded` with `Retry-After` over a limit, output tokens charged as they stream
+//! (a request admitted within budget drives it negative and holds the next one), nothing
+//! refused reaching the instance.
+
+mod common;
+
+use common::*;
+use kvgate::config::Config;
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    H1,
+    Hyper,
+}
+
+const BODY: &str = r#"{"model":"m","prompt":"hello","max_tokens":1}"#;
+const STREAM: &str = r#"{"model":"m","prompt":"hello","stream":true}"#;
+
+async fn post(gw: &Gateway, via: Via, key: &str, body: &'static str) -> reqwest::Response {
+    let req = client()
+        .post(gw.url("/v1/completions"))
+        .header("content-type", "application/json")
+        .header("x-api-key", key);
+    let req = match via {
+        Via::H1 => req.body(body),
+        Via::Hyper => {
+            let chunks: Vec<Result<&'static str, std::io::Error>> = vec![Ok(body)];
+            req.body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+        }
+    };
+    req.send().await.expect("answered")
+}
+
+const KEYS: &str = r#"
+[[tenants]]
+name = "req-h1"
+requests_per_second = 1
+burst_requests = 2
+
+[[tenants]]
+name = "req-hyper"
+requests_per_second = 1
+burst_requests = 2
+
+[[keys]]
+key = "sk-req-h1"
+tenant = "req-h1"
+
+[[keys]]
+key = "sk-req-hyper"
+tenant = "req-hyper"
+
+[[keys]]
+key = "sk-tok-h1"
+tenant = "tok-h1"
+tokens_per_minute = 30
+
+[[keys]]
+key = "sk-tok-hyper"
+tenant = "tok-hyper"
+tokens_per_minute = 30
+
+[[keys]]
+key = "sk-free"
+tenant = "free"
+"#;
+
+async fn gateway(keys: &str, f: impl FnOnce(&mut Config)) -> (Mock, Gateway) {
+    let a = Mock::start("a").await;
+    let mut c = config_for(&[a.url()]);
+    let dir = std::env::temp_dir().join(format!("kvgate-ratelimit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("keys-{}.toml", rand::random::<u64>()));
+    std::fs::write(&path, keys).unwrap();
+    c.auth.enabled = true;
+    c.auth.keys_file = path.to_string_lossy().into_owned();
+    f(&mut c);
+    let gw = Gateway::start(c).await;
+    assert!(eventually(10, || gw.state.fleet.any_usable(gw.state.clock.now_ms())).await);
+    (a, gw)
+}
+
+fn header(r: &reqwest::Response, name: &str) -> String {
+    r.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn request_limit_answers_429_with_openai_headers_on_both_paths() {
+    let (a, gw) = gateway(KEYS, |_| {}).await;
+    for (via, key) in [(Via::H1, "sk-req-h1"), (Via::Hyper, "sk-req-hyper")] {
+        let r = post(&gw, via, key, BODY).await;
+        assert_eq!(r.status(), 200, "{via:?}");
+        assert_eq!(header(&r, "x-ratelimit-limit-requests"), "2");
+        assert_eq!(header(&r, "x-ratelimit-remaining-requests"), "1");
+        assert!(header(&r, "x-ratelimit-reset-requests").ends_with('s'));
+        // No token limit, no token headers.
+        assert!(r.headers().get("x-ratelimit-limit-tokens").is_none());
+        let r = post(&gw, via, key, BODY).await;
+        assert_eq!(r.status(), 200, "{via:?}");
+        // The bucket refills one request a second: the third, sent at once, is refused.
+        let r = post(&gw, via, key, BODY).await;
+        assert_eq!(r.status(), 429, "{via:?}");
+        assert_eq!(header(&r, "retry-after"), "1");
+        assert_eq!(header(&r, "x-ratelimit-remaining-requests"), "0");
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["type"], "rate_limit_exceeded");
+        assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+    }
+    // Tenants' metrics: bounded labels, the refusal counted by reason.
+    let m = gw.get_text("/metrics").await;
+    let has = |parts: &[&str]| m.lines().any(|l| parts.iter().all(|p| l.contains(p)));
+    assert!(
+        has(&[
+            "kvgate_tenant_rejections_total",
+            "tenant=\"req-h1\"",
+            "reason=\"rate_limit\""
+        ]),
+        "{m}"
+    );
+    assert!(has(&[
+        "kvgate_tenant_requests_total",
+        "tenant=\"req-hyper\""
+    ]));
+    // Refused requests never reached the instance; an unlimited tenant is not held back.
+    assert_eq!(a.count(), 4);
+    for _ in 0..5 {
+        let r = post(&gw, Via::H1, "sk-free", BODY).await;
+        assert_eq!(r.status(), 200);
+        assert!(r.headers().get("x-ratelimit-limit-requests").is_none());
+    }
+}
+
+#[tokio::test]
+async fn streamed_output_tokens_drive_the_budget_negative_and_hold_the_next_request() {
+    let (a, gw) = gateway(KEYS, |_| {}).await;
+    a.set_mode(Mode::Stream {
+        chunks: 50,
+        delay: Duration::from_millis(1),
+    });
+    for (via, key) in [(Via::H1, "sk-tok-h1"), (Via::Hyper, "sk-tok-hyper")] {
+        // 30 tokens a minute: within budget, so admitted; its ~50 streamed tokens put the
+        // tenant ~25 tokens in debt.
+        let r = post(&gw, via, key, STREAM).await;
+        assert_eq!(r.status(), 200, "{via:?}");
+        assert_eq!(header(&r, "x-ratelimit-limit-tokens"), "30");
+        let body = r.text().await.unwrap();
+        assert!(body.contains("[DONE]") || body.contains("data:"), "{body}");
+        let r = post(&gw, via, key, STREAM).await;
+        assert_eq!(r.status(), 429, "{via:?}");
+        // At half a token a second, a debt of > 20 tokens takes > 40 s to repay.
+        let wait: u64 = header(&r, "retry-after").parse().unwrap();
+        assert!(wait > 40, "{via:?}: retry after {wait}");
+        assert_eq!(header(&r, "x-ratelimit-remaining-tokens"), "0");
+        let reset = header(&r, "x-ratelimit-reset-tokens");
+        assert!(reset.contains('m'), "{reset}");
+    }
+    let m = gw.get_text("/metrics").await;
+    let output = m.lines().find(|l| {
+        l.starts_with("kvgate_tenant_tokens_charged_total")
+            && l.contains("tenant=\"tok-h1\"")
+            && l.contains("kind=\"output\"")
+    });
+    let n: f64 = output
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(n >= 50.0, "output tokens charged: {n}\n{m}");
+}
+
+#[tokio::test]
+async fn defaults_apply_to_every_tenant_and_anonymous_without_keys() {
+    let a = Mock::start("a").await;
+    let mut c = config_for(&[a.url()]);
+    c.rate_limits.requests_per_second = Some(1);
+    c.rate_limits.burst_requests = Some(1);
+    let gw = Gateway::start(c).await;
+    assert!(eventually(10, || gw.state.fleet.any_usable(gw.state.clock.now_ms())).await);
+    let r = post(&gw, Via::H1, "ignored", BODY).await;
+    assert_eq!(r.status(), 200);
+    // A client-chosen tenant header is no way around the limit without keys.
+    let r = client()
+        .post(gw.url("/v1/completions"))
+        .header("content-type", "application/json")
+        .header("x-kvgate-tenant", "someone-else")
+        .body(BODY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+}
+
+fn replica(urls: &[String], seeds: Vec<String>) -> Config {
+    let mut c = config_for(urls);
+    c.gossip = kvgate_gossip::GossipConfig {
+        enabled: true,
+        bind: "127.0.0.1:0".into(),
+        seeds,
+        secret: "ratelimit-test-secret-0123".into(),
+        probe_period_ms: 200,
+        probe_rtt_ms: 80,
+        suspect_to_down_ms: 600,
+        seed_interval_ms: 200,
+        ..Default::default()
+    };
+    c.rate_limits.requests_per_second = Some(RATE);
+    c.rate_limits.burst_requests = Some(BURST);
+    c.rate_limits.gossip_interval_ms = INTERVAL_MS;
+    c
+}
+
+const RATE: u64 = 20;
+const BURST: u64 = 5;
+const INTERVAL_MS: u64 = 50;
+
+/// Two replicas gossiping on 127.0.0.1 share one budget: over a window of `t` the pair admits
+/// at most `burst + rate × t` plus the convergence bound `(N − 1) × (rate × d + burst)`, with
+/// `d` the usage interval plus delivery (taken as 50 ms on loopback).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_gossiping_enforce_one_budget() {
+    let e = Mock::start("e").await;
+    let urls = vec![e.url()];
+    let a = Gateway::start(replica(&urls, vec![])).await;
+    assert!(eventually(10, || a.state.routing.gossip().is_some()).await);
+    let ga = a.state.routing.gossip().cloned().unwrap();
+    let b = Gateway::start(replica(&urls, vec![ga.local_addr().to_string()])).await;
+    assert!(eventually(10, || b.state.routing.gossip().is_some()).await);
+    let gb = b.state.routing.gossip().cloned().unwrap();
+    assert!(eventually(10, || ga.live_peers() == 1 && gb.live_peers() == 1).await);
+    for g in [&a, &b] {
+        assert!(eventually(10, || g.state.fleet.any_usable(g.state.clock.now_ms())).await);
+    }
+    let started = std::time::Instant::now();
+    let window = Duration::from_secs(3);
+    let (mut admitted, mut refused, mut i) = (0u64, 0u64, 0u64);
+    while started.elapsed() < window && i < 100_000 {
+        let gw = if i % 2 == 0 { &a } else { &b };
+        i += 1;
+        match post(gw, Via::H1, "unused", BODY).await.status().as_u16() {
+            200 => admitted += 1,
+            429 => refused += 1,
+            s => panic!("status {s}"),
+        }
+    }
+    let t = started.elapsed().as_secs_f64();
+    let budget = BURST as f64 + RATE as f64 * t;
+    let d = (INTERVAL_MS + 50) as f64 / 1000.0;
+    let bound = RATE as f64 * d + BURST as f64;
+    println!(
+        "two replicas, {RATE}/s burst {BURST}, usage every {INTERVAL_MS} ms: {admitted} admitted \
+         ({refused} refused) in {t:.2} s; budget {budget:.1}, over-admission {:.1} (bound {bound:.1})",
+        admitted as f64 - budget
+    );
+    assert!(refused > 0, "the limit never bit");
+    assert!(
+        admitted as f64 <= budget + bound,
+        "{admitted} admitted > budget {budget:.1} + bound {bound:.1}"
+    );
+    // Each replica alone would have admitted the whole budget.
+    assert!(
+        (admitted as f64) < 2.0 * budget - BURST as f64,
+        "{admitted}: usage not shared"
+    );
+}
