@@ -36,7 +36,7 @@ pub async fn cluster(State(s): State<AppState>) -> Response {
 /// `GET /metrics`: Prometheus text exposition.
 pub async fn metrics(State(s): State<AppState>) -> Response {
     let load = s.routing.load();
-    for inst in s.fleet.instances() {
+    for inst in s.fleet.view().instances() {
         inst.metrics.set_in_flight(load.snapshot(inst.id).in_flight);
     }
     metrics::set_limits_usage(s.limits.open_connections(), s.limits.budget.in_flight());
@@ -90,6 +90,8 @@ struct InstanceView<'a> {
     healthy: bool,
     ejected: bool,
     usable: bool,
+    /// `serving`, or `draining` (removed by discovery: no new requests).
+    state: &'static str,
     in_flight: u32,
     router_load: kvgate_core::load::RouterLoad,
     header_latency_ms: Option<f64>,
@@ -103,14 +105,13 @@ struct InstanceView<'a> {
     overhead_ms: f64,
 }
 
-/// `GET /admin/instances`: health, load and latency of every instance.
+/// `GET /admin/instances`: health, load and latency of every instance, serving or draining.
 pub async fn instances(State(s): State<AppState>) -> Response {
     let now = s.clock.now_ms();
     let stale_after = s.config.load.stale_after_ms;
-    let views: Vec<InstanceView<'_>> = s
-        .fleet
+    let view = s.fleet.snapshot();
+    let views: Vec<InstanceView<'_>> = view
         .instances()
-        .iter()
         .map(|i| {
             let load = s.routing.load().snapshot(i.id);
             InstanceView {
@@ -121,6 +122,11 @@ pub async fn instances(State(s): State<AppState>) -> Response {
                 healthy: i.health.active_ok(),
                 ejected: i.health.ejected(now),
                 usable: i.health.usable(now),
+                state: if i.is_removed() {
+                    "draining"
+                } else {
+                    "serving"
+                },
                 in_flight: load.in_flight,
                 router_load: load,
                 header_latency_ms: i.header_latency.get(),
@@ -144,10 +150,9 @@ pub async fn decisions(State(s): State<AppState>) -> Response {
 /// `GET /admin/index`: placement index statistics, per instance by name.
 pub async fn index(State(s): State<AppState>) -> Response {
     let stats = s.routing.index().stats();
-    let per_instance: Vec<_> = s
-        .fleet
+    let view = s.fleet.snapshot();
+    let per_instance: Vec<_> = view
         .instances()
-        .iter()
         .map(|i| {
             serde_json::json!({
                 "name": i.name,

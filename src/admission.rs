@@ -33,7 +33,7 @@ use kvgate_core::admission::{
     TenantId, WaitQueue,
 };
 use kvgate_core::load::LoadTracker;
-use kvgate_core::{InstanceId, Millis};
+use kvgate_core::Millis;
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::sync::atomic::{fence, AtomicUsize, Ordering};
@@ -56,14 +56,17 @@ pub struct Admission {
     /// `cfg.tenant_weights` by tenant id.
     weights: ahash::AHashMap<TenantId, u32>,
     pools: Vec<PoolGate>,
+    /// The fleet, for the pools' current instances.
+    fleet: Arc<Fleet>,
     load: Arc<LoadTracker>,
     clock: Clock,
 }
 
 /// One pool's queue.
 struct PoolGate {
+    /// Its pool's index.
+    index: usize,
     model: String,
-    instances: Vec<InstanceId>,
     /// Entries queued, mirrored from `inner` for the lock-free fast path.
     waiting: AtomicUsize,
     inner: Mutex<Inner>,
@@ -80,7 +83,12 @@ struct Inner {
 
 impl Admission {
     /// Queues for every pool of `fleet`, judged against the router-tracked `load`.
-    pub fn new(cfg: &AdmissionConfig, fleet: &Fleet, load: Arc<LoadTracker>, clock: Clock) -> Self {
+    pub fn new(
+        cfg: &AdmissionConfig,
+        fleet: &Arc<Fleet>,
+        load: Arc<LoadTracker>,
+        clock: Clock,
+    ) -> Self {
         let limits = QueueLimits {
             max_entries: cfg.max_queue_entries,
             max_tokens: cfg.max_queued_tokens,
@@ -90,8 +98,8 @@ impl Admission {
             .pools()
             .iter()
             .map(|p| PoolGate {
+                index: p.index,
                 model: p.model.clone(),
-                instances: p.instances.clone(),
                 waiting: AtomicUsize::new(0),
                 inner: Mutex::new(Inner {
                     queue: WaitQueue::new(limits),
@@ -111,6 +119,7 @@ impl Admission {
                 .collect(),
             cfg: cfg.clone(),
             pools,
+            fleet: fleet.clone(),
             load,
             clock,
         }
@@ -176,10 +185,13 @@ impl Admission {
     }
 
     /// Requests this gateway has in flight on `pool`.
+    /// Draining instances count: their requests still hold places.
     fn in_flight(&self, pg: &PoolGate) -> u64 {
-        pg.instances
-            .iter()
-            .map(|&id| u64::from(self.load.snapshot(id).in_flight))
+        self.fleet
+            .view()
+            .instances()
+            .filter(|i| i.pool == pg.index)
+            .map(|i| u64::from(self.load.snapshot(i.id).in_flight))
             .sum()
     }
 

@@ -58,6 +58,14 @@ pub struct Shared {
     pub auth: Arc<crate::auth::Keys>,
     /// Per-tenant rate limits (`[rate_limits]` and the keys file's tenants).
     pub rate_limits: Arc<crate::ratelimit::RateLimits>,
+    /// Endpoint-set channels given for discovered pools before the background tasks start,
+    /// used instead of starting the pools' configured sources (see [`AppState::set_source`]).
+    given_sources: parking_lot::Mutex<
+        Vec<(
+            usize,
+            tokio::sync::watch::Receiver<kvgate_discovery::EndpointSet>,
+        )>,
+    >,
 }
 
 impl Deref for AppState {
@@ -117,7 +125,29 @@ impl AppState {
             events: Default::default(),
             admission,
             offload,
+            given_sources: Default::default(),
         })))
+    }
+
+    /// Makes discovered pool `pool` follow the endpoint sets on `rx` instead of starting its
+    /// configured source: for a program embedding the gateway with its own discovery, and for
+    /// tests. Call before the gateway runs.
+    pub fn set_source(
+        &self,
+        pool: usize,
+        rx: tokio::sync::watch::Receiver<kvgate_discovery::EndpointSet>,
+    ) {
+        self.given_sources.lock().push((pool, rx));
+    }
+
+    /// The channel given for `pool`, once.
+    pub(crate) fn take_source(
+        &self,
+        pool: usize,
+    ) -> Option<tokio::sync::watch::Receiver<kvgate_discovery::EndpointSet>> {
+        let mut g = self.given_sources.lock();
+        let at = g.iter().position(|(p, _)| *p == pool)?;
+        Some(g.swap_remove(at).1)
     }
 }
 
@@ -157,6 +187,7 @@ pub fn spawn_background(
         token.clone(),
     );
     handles.extend(crate::events::spawn(state, token.clone()));
+    handles.extend(crate::live::spawn(state, token.clone()));
     handles.push(tokio::spawn(crate::auth::reload_loop(
         state.auth.clone(),
         state.config.auth.clone(),
@@ -201,13 +232,10 @@ pub async fn start_gossip(state: &AppState) -> std::io::Result<Option<kvgate_gos
     if !cfg.enabled {
         return Ok(None);
     }
-    let directory = kvgate_gossip::InstanceDirectory::from_pairs(
-        state
-            .fleet
-            .instances()
-            .iter()
-            .map(|i| (i.id, i.name.as_str())),
-    );
+    let directory = kvgate_gossip::InstanceDirectory::new();
+    for i in state.fleet.view().serving() {
+        directory.insert(i.id, &gossip_name(&state.fleet, i));
+    }
     let clock = state.clock;
     let gossip = kvgate_gossip::Gossip::start(
         cfg.clone(),
@@ -219,6 +247,17 @@ pub async fn start_gossip(state: &AppState) -> std::io::Result<Option<kvgate_gos
     .map_err(|e| std::io::Error::other(e.to_string()))?;
     state.routing.set_gossip(gossip.clone());
     Ok(Some(gossip))
+}
+
+/// The name an instance goes by between replicas: its configured name in a static pool (every
+/// replica configures the same), `name@url` in a discovered pool, so that a pod re-created under
+/// its old name with a new address is a new instance to the peers too.
+pub fn gossip_name(fleet: &crate::fleet::Fleet, inst: &crate::fleet::Instance) -> String {
+    if fleet.pools()[inst.pool].config.is_discovered() {
+        format!("{}@{}", inst.name, inst.config.url)
+    } else {
+        inst.name.clone()
+    }
 }
 
 /// Publishes this replica's router-tracked load and own health verdicts to its gossip peers every
@@ -242,7 +281,7 @@ async fn publish_to_gossip(
         let now = state.clock.now_ms();
         loads.clear();
         health.clear();
-        for i in state.fleet.instances() {
+        for i in state.fleet.view().serving() {
             loads.push((i.id, state.routing.load().snapshot(i.id)));
             // Only this replica's own observation: re-publishing peers' verdicts would let a dead
             // verdict circulate after the replica that made it sees the instance recover.

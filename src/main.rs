@@ -191,6 +191,8 @@ async fn start_embedded(cfg: &mut Config) -> Result<kvgate_sim::Fleet> {
                 capacity_blocks: Some(i.capacity_blocks),
             })
             .collect(),
+        max_instances: None,
+        discovery: Default::default(),
     }];
     cfg.validate()?;
     Ok(fleet)
@@ -222,7 +224,7 @@ async fn serve(mut cfg: Config, threads: usize) -> Result<()> {
     tracing::info!(
         listen = %listener.local_addr()?,
         pools = state.fleet.pools().len(),
-        instances = state.fleet.instances().len(),
+        instances = state.fleet.view().serving().count(),
         policy = state.routing.policy_name(0),
         "kvgate serving"
     );

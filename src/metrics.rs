@@ -60,6 +60,12 @@ pub const CONNECTIONS_OPEN: &str = "kvgate_connections_open";
 pub const CONNECTIONS_CLOSED: &str = "kvgate_connections_closed_total";
 /// Request body bytes held in the in-flight body budget, as of the scrape.
 pub const BODY_BUDGET_IN_FLIGHT: &str = "kvgate_body_budget_in_flight_bytes";
+/// Instances of a pool by state (`serving`, `draining`), as of the last membership change.
+pub const POOL_INSTANCES: &str = "kvgate_pool_instances";
+/// Membership changes by pool and kind (`added`, `removed`, `revived`, `refused`).
+pub const DISCOVERY_CHANGES: &str = "kvgate_discovery_changes_total";
+/// 1 while a discovered pool's source refreshes, 0 while it fails (the last set is kept).
+pub const DISCOVERY_UP: &str = "kvgate_discovery_up";
 
 /// Why the gateway closed a client connection (the label values of [`CONNECTIONS_CLOSED`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -221,7 +227,38 @@ fn build() -> Result<PrometheusHandle, String> {
         metrics::Unit::Bytes,
         "Request body bytes held in the in-flight body budget, as of the scrape."
     );
+    describe_gauge!(
+        POOL_INSTANCES,
+        "Instances of the pool by state (serving, draining)."
+    );
+    describe_counter!(
+        DISCOVERY_CHANGES,
+        "Membership changes by pool and kind (added, removed, revived, refused)."
+    );
+    describe_gauge!(
+        DISCOVERY_UP,
+        "1 while the pool's discovery source refreshes, 0 while it fails (the last set is kept)."
+    );
     Ok(handle)
+}
+
+/// A discovered pool's membership after a change: instances serving and draining.
+pub fn set_pool_instances(pool: &str, serving: usize, draining: usize) {
+    gauge!(POOL_INSTANCES, "pool" => pool.to_string(), "state" => "serving").set(serving as f64);
+    gauge!(POOL_INSTANCES, "pool" => pool.to_string(), "state" => "draining").set(draining as f64);
+}
+
+/// `n` membership changes of `kind` in `pool`.
+pub fn record_discovery_changes(pool: &str, kind: &'static str, n: usize) {
+    if n > 0 {
+        counter!(DISCOVERY_CHANGES, "pool" => pool.to_string(), "change" => kind)
+            .increment(n as u64);
+    }
+}
+
+/// Whether `pool`'s discovery source refreshes.
+pub fn set_discovery_up(pool: &str, up: bool) {
+    gauge!(DISCOVERY_UP, "pool" => pool.to_string()).set(if up { 1.0 } else { 0.0 });
 }
 
 /// HTTP status class label (`2xx`, `4xx`, ...); `cancelled` when the client went away first.

@@ -17,7 +17,7 @@ use crate::clock::Clock;
 use crate::config::{Config, HashMode};
 use crate::decision_log::ShardedLog;
 use crate::error::GatewayError;
-use crate::fleet::{Fleet, Pool};
+use crate::fleet::{Fleet, Instance, Pool};
 use crate::metrics;
 use crate::proxy::parse::{Prompt, RouteInput};
 use kvgate_core::hash::{
@@ -53,6 +53,8 @@ pub struct Prepared {
 pub struct Routed {
     /// The chosen instance.
     pub chosen: InstanceId,
+    /// It, held for the request's life (it may be removed from the fleet meanwhile).
+    pub instance: Arc<Instance>,
     /// Leading prompt blocks it holds.
     pub matched_blocks: u32,
     /// Leading blocks the index placed there before this decision (what a retraction keeps).
@@ -170,7 +172,9 @@ pub struct Routing {
 impl Routing {
     /// Builds the index, load tracker and one policy per pool.
     pub fn new(cfg: &Config, fleet: &Fleet, clock: Clock) -> Result<Routing, GatewayError> {
-        let n = fleet.instances().len();
+        // Sized for every id slot the fleet may hand out, so instances discovered later have
+        // their own load counters and learned rates.
+        let n = fleet.capacity();
         let index = Arc::new(PlacementIndex::new(cfg.routing.index.to_core()));
         let router = Router::new(cfg.routing.router_config(), index, n, fleet.pools().len());
         let mut pools = Vec::new();
@@ -237,6 +241,11 @@ impl Routing {
     /// The router-tracked load.
     pub fn load(&self) -> &Arc<LoadTracker> {
         self.router.load()
+    }
+
+    /// Forgets a freed instance slot: index entries, capacity and learned rates.
+    pub fn forget_instance(&self, id: InstanceId) {
+        self.router.forget_instance(id);
     }
 
     /// The policy name of `pool`.
@@ -401,8 +410,9 @@ impl Routing {
         let (exclude, full_at) = skip;
         let gossip = self.gossip.get().map(GossipPeers);
         let peers = gossip.as_ref().map(|g| g as &dyn Peers);
-        let offers = pool.instances.iter().filter_map(|&id| {
-            let inst = fleet.instance(id);
+        let view = fleet.view();
+        let offers = view.members(pool.index).iter().filter_map(|&id| {
+            let inst = view.instance(id)?;
             if exclude.contains(&id) || !inst.health.usable(now) {
                 return None;
             }
@@ -452,19 +462,25 @@ impl Routing {
             uncached_tokens: routed.guard.size().uncached_prefill_tokens,
             at_dispatch: routed.at_dispatch,
         };
+        let Some(instance) = view.instance(decision.chosen).cloned() else {
+            // Unreachable: the core chooses among the offers, all taken from this view.
+            return Err(GatewayError::NoHealthyInstance {
+                model: pool.model.clone(),
+            });
+        };
         let routed = Routed {
             chosen: decision.chosen,
             matched_blocks: decision.matched_blocks,
             known_blocks: routed.known_blocks,
             predicted_cost_ms: decision.predicted_cost_ms,
-            engine_waiting: fleet
-                .instance(decision.chosen)
+            engine_waiting: instance
                 .engine
                 .get(now, self.stale_after_ms)
                 .filter(|l| !l.stale)
                 .map(|l| l.waiting),
             guard: routed.guard,
             learning,
+            instance,
         };
         if self.log.enabled() {
             let rec = Logged {
@@ -512,7 +528,13 @@ impl Routing {
 
     /// Folds an observed time to first token into the instance's rate estimate, and returns the
     /// decode batch the request joins there (the start of its decode observation).
-    pub fn observe_ttft(&self, id: InstanceId, learning: &Learning, ttft_ms: f64) -> BatchSample {
+    pub fn observe_ttft(&self, inst: &Instance, learning: &Learning, ttft_ms: f64) -> BatchSample {
+        let id = inst.id;
+        // A removed instance teaches nothing: what is learned about its slot must not outlive
+        // it and pass to the slot's next instance.
+        if inst.is_removed() {
+            return self.batch(id);
+        }
         self.router.observe_first_token(
             id,
             learning.uncached_tokens,
@@ -533,12 +555,16 @@ impl Routing {
     /// `output_tokens` in `decode_ms` after the first, joining the batch `at_first`.
     pub fn observe_decode(
         &self,
-        id: InstanceId,
+        inst: &Instance,
         learning: &Learning,
         output_tokens: u32,
         decode_ms: f64,
         at_first: BatchSample,
     ) {
+        if inst.is_removed() {
+            return;
+        }
+        let id = inst.id;
         let batch = at_first.mean(self.batch(id));
         self.router
             .observe_finish(learning.pool, id, output_tokens, decode_ms, batch);
@@ -566,7 +592,11 @@ impl Routing {
                     policy,
                     attempt,
                     prompt_blocks,
-                    chosen: fleet.instance(decision.chosen).name.clone(),
+                    // The slot's current occupant: a slot is reused only after the drain
+                    // grace, so only decisions older than that can name a successor.
+                    chosen: fleet
+                        .instance(decision.chosen)
+                        .map_or_else(|| format!("#{}", decision.chosen.0), |i| i.name.clone()),
                     decision,
                 },
             )

@@ -73,8 +73,8 @@ async fn replicas_share_placements_and_load() {
         let now = g.state.clock.now_ms();
         g.state
             .fleet
+            .view()
             .instances()
-            .iter()
             .all(|i| i.health.usable(now))
     };
     assert!(
@@ -157,7 +157,10 @@ async fn one_replicas_dead_instance_verdict_steers_the_others() {
     let gb = gossip_of(&b).await;
     assert!(eventually(10, || ga.live_peers() == 1 && gb.live_peers() == 1).await);
     let inst = |g: &Gateway, i: usize| {
-        g.state.fleet.instances()[i]
+        g.state
+            .fleet
+            .instance(kvgate_core::InstanceId(i as u32))
+            .expect("instance")
             .health
             .usable(g.state.clock.now_ms())
     };
@@ -172,7 +175,11 @@ async fn one_replicas_dead_instance_verdict_steers_the_others() {
         eventually(10, || !inst(&b, 1)).await,
         "A's verdict did not reach B"
     );
-    let own = b.state.fleet.instances()[1]
+    let own = b
+        .state
+        .fleet
+        .instance(kvgate_core::InstanceId(1))
+        .expect("instance")
         .health
         .own_usable(b.state.clock.now_ms());
     assert!(own, "B itself never observed e1 dead: the verdict is A's");
@@ -236,8 +243,8 @@ async fn a_refused_attempt_is_taken_back_here_and_on_peers() {
     let id_of = |g: &Gateway, name: &str| {
         g.state
             .fleet
+            .view()
             .instances()
-            .iter()
             .find(|i| i.name == name)
             .map(|i| i.id)
             .expect("instance")

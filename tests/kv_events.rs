@@ -37,6 +37,8 @@ async fn events_keep_the_index_exact_after_predictions_expire() {
                 capacity_blocks: Some(i.capacity_blocks),
             })
             .collect(),
+        max_instances: None,
+        discovery: Default::default(),
     }];
     let gw = Gateway::start(cfg).await;
     let index = || async {

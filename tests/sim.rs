@@ -38,6 +38,8 @@ fn fleet_config(infos: &[kvgate_sim::SimInstanceInfo]) -> kvgate::config::Config
                 capacity_blocks: Some(i.capacity_blocks),
             })
             .collect(),
+        max_instances: None,
+        discovery: Default::default(),
     }];
     cfg
 }

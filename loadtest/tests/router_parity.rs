@@ -87,7 +87,7 @@ fn replay(kind: &str, policy: PolicyName, objective: Objective) {
     let cfg = gateway_config(policy, objective);
     let fleet = Fleet::new(&cfg).unwrap();
     let gw = Routing::new(&cfg, &fleet, Clock::new()).unwrap();
-    for inst in fleet.instances() {
+    for inst in fleet.view().instances() {
         let cap = cfg
             .routing
             .index
@@ -122,7 +122,7 @@ fn replay(kind: &str, policy: PolicyName, objective: Objective) {
 
         // The scraper's view: one engine report per instance, refreshed on the scrape interval.
         if sim.scrape_due(now) {
-            for (i, inst) in fleet.instances().iter().enumerate() {
+            for (i, inst) in fleet.view().instances().enumerate() {
                 let on = flights.iter().filter(|f| f.instance == i).count() as u32;
                 let load = EngineLoad {
                     running: on.min(4),
@@ -224,7 +224,7 @@ fn settle(gw: &Routing, sim: &mut SimRouter, flights: &mut Vec<Flight>, until_ms
         if !done {
             let observed = t - f.arrival_ms;
             f.routed.guard.first_token();
-            f.at_first = Some(gw.observe_ttft(inst, &f.routed.learning, observed));
+            f.at_first = Some(gw.observe_ttft(&f.routed.instance, &f.routed.learning, observed));
             sim.first_token(f.id, f.instance, observed, t);
             // The engine reports the prompt's blocks cached once its prefill is done.
             gw.index().store(inst, &f.blocks, Tier::Gpu, t as u64);
@@ -244,7 +244,7 @@ fn settle(gw: &Routing, sim: &mut SimRouter, flights: &mut Vec<Flight>, until_ms
             let decode_ms = f.done_ms - f.first_ms;
             if let Some(at_first) = f.at_first {
                 gw.observe_decode(
-                    inst,
+                    &f.routed.instance,
                     &f.routed.learning,
                     f.output_tokens,
                     decode_ms,

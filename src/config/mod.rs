@@ -372,7 +372,7 @@ impl Config {
     }
 
     fn validate_pools(&self) -> Result<(), ConfigError> {
-        let total: usize = self.pools.iter().map(|p| p.instances.len()).sum();
+        let total: usize = self.pools.iter().map(PoolConfig::slot_budget).sum();
         if total > kvgate_core::index::MAX_INSTANCES {
             return Err(invalid(
                 "pools",
@@ -397,10 +397,27 @@ impl Config {
             if pool.block_size == Some(0) {
                 return Err(invalid(format!("pools[{p}].block_size"), "must be >= 1"));
             }
-            if pool.instances.is_empty() {
+            if pool.is_discovered() {
+                if !pool.instances.is_empty() {
+                    return Err(invalid(
+                        format!("pools[{p}].instances"),
+                        "a pool with a dns or kubernetes discovery source lists no instances: \
+                         they come from the source",
+                    ));
+                }
+                if pool.max_instances == Some(0) {
+                    return Err(invalid(format!("pools[{p}].max_instances"), "must be >= 1"));
+                }
+                pool.discovery.validate().map_err(|e| match e {
+                    kvgate_discovery::DiscoveryError::Config { key, message } => {
+                        invalid(format!("pools[{p}].discovery.{key}"), message)
+                    }
+                    other => invalid(format!("pools[{p}].discovery"), other.to_string()),
+                })?;
+            } else if pool.instances.is_empty() {
                 return Err(invalid(
                     format!("pools[{p}].instances"),
-                    "a pool needs at least one instance",
+                    "a pool needs at least one instance (or a [pools.discovery] source)",
                 ));
             }
             for (i, inst) in pool.instances.iter().enumerate() {

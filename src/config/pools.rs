@@ -36,13 +36,41 @@ pub struct PoolConfig {
     /// Engine family.
     #[serde(default)]
     pub flavour: Flavour,
-    /// The instances.
+    /// A discovered pool's bound on instances serving at once (default
+    /// [`PoolConfig::DEFAULT_MAX_INSTANCES`]).
+    #[serde(default)]
+    pub max_instances: Option<usize>,
+    /// The instances, for the `static` discovery source (the default); empty for `dns` and
+    /// `kubernetes`, whose instances come and go while the gateway runs.
+    #[serde(default)]
     pub instances: Vec<InstanceConfig>,
+    /// Where the pool's instances come from (`[pools.discovery]`).
+    #[serde(default)]
+    pub discovery: kvgate_discovery::DiscoveryConfig,
 }
 
 impl PoolConfig {
     /// vLLM's default KV block size, used when a pool does not name one.
     pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+
+    /// Instances a discovered pool may have serving at once, unless `max_instances` says
+    /// otherwise; further endpoints are left out (and logged) until others go.
+    pub const DEFAULT_MAX_INSTANCES: usize = 128;
+
+    /// True when the pool's instances are discovered while the gateway runs (not a fixed list).
+    pub fn is_discovered(&self) -> bool {
+        self.discovery.source != kvgate_discovery::SourceKind::Static
+    }
+
+    /// Instance slots the pool may occupy: its fixed list, or for a discovered pool twice its
+    /// serving bound, so that a rolling update's draining instances fit beside their successors.
+    pub fn slot_budget(&self) -> usize {
+        if self.is_discovered() {
+            2 * self.max_instances.unwrap_or(Self::DEFAULT_MAX_INSTANCES)
+        } else {
+            self.instances.len()
+        }
+    }
 
     /// The engines' KV block size in tokens: configured, else vLLM's default; never 0.
     pub fn block_size(&self) -> u32 {
@@ -84,7 +112,9 @@ impl PoolConfig {
             tokenizer: None,
             chat_template: None,
             flavour: Default::default(),
+            max_instances: None,
             instances,
+            discovery: Default::default(),
         }
     }
 }

@@ -1,27 +1,37 @@
 //! The instances the gateway fronts: pools by model, health, latency, engine-reported load and the
-//! union of their `/v1/models`.
+//! union of their `/v1/models`. Pools are fixed by the configuration; their instances come and go
+//! with discovery ([`membership`]).
 //!
 //! Invariants:
-//! - Instance ids are dense (`0..n`) in configuration order and never change while the process
-//!   lives; per-instance state lives in a `Vec` indexed by them.
+//! - The membership is an immutable [`FleetView`] swapped whole (`arc-swap`): the request path
+//!   reads it lock-free and sees one consistent version; changes are serialised.
+//! - Instance ids are slots below [`Fleet::capacity`]: static pools' instances take `0..n` in
+//!   configuration order; a discovered instance takes the lowest free slot. A slot is reused only
+//!   once its previous instance drained and everything learned about it was dropped.
 //! - The request path only reads atomics and short locks here; all probing (health checks, metric
 //!   scrapes, model lists) runs in background tasks ([`tasks`]) with timeouts.
 
 pub mod engine;
 pub mod health;
+pub mod instance;
+pub mod membership;
 pub mod models;
 pub mod scrape;
 pub mod tasks;
+pub mod view;
 
-use crate::config::{Config, Flavour, InstanceConfig, PoolConfig};
+use crate::config::{Config, PoolConfig};
 use crate::error::GatewayError;
 use ahash::AHashMap;
-use http::HeaderValue;
+use arc_swap::ArcSwap;
 use kvgate_core::InstanceId;
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 pub use health::Health;
+pub use instance::Instance;
+pub use view::FleetView;
 
 /// Parses an instance base URL (`http://host:port`, optional trailing `/`); returns `host:port`.
 pub fn parse_base_url(url: &str) -> Result<String, String> {
@@ -78,122 +88,88 @@ impl Ewma {
     }
 }
 
-/// One instance.
-pub struct Instance {
-    /// Dense id.
-    pub id: InstanceId,
-    /// Unique name (metric label, response header).
-    pub name: String,
-    /// `name` as a header value, prebuilt for the response path.
-    pub name_header: HeaderValue,
-    /// Index of its pool.
-    pub pool: usize,
-    /// `host:port`.
-    pub authority: String,
-    /// `authority` as the `Host` header of every request to it, built once.
-    pub host_header: HeaderValue,
-    /// Its configuration (KV event endpoints etc., read by the event ingestion).
-    pub config: InstanceConfig,
-    /// Engine family.
-    pub flavour: Flavour,
-    /// Health verdicts.
-    pub health: Health,
-    /// Time from sending a request to its response headers.
-    pub header_latency: Ewma,
-    /// Time to first streamed chunk.
-    pub ttft: Ewma,
-    /// Last engine-reported load (staleness judged by the reader).
-    pub engine: engine::EngineCell,
-    /// KV cache capacity in blocks (0 = unknown): config, else the engine's report.
-    pub capacity_blocks: AtomicU64,
-    /// Pre-registered metric handles.
-    pub metrics: crate::metrics::InstanceMetrics,
-}
-
-impl Instance {
-    /// Capacity in blocks, if known.
-    pub fn capacity(&self) -> Option<u64> {
-        match self.capacity_blocks.load(Ordering::Relaxed) {
-            0 => None,
-            n => Some(n),
-        }
-    }
-}
-
-/// One pool: the instances serving one model.
+/// One pool: the instances serving one model. Its members change with discovery: read them
+/// from a [`FleetView`].
 #[derive(Debug)]
 pub struct Pool {
     /// Index in [`Fleet::pools`].
     pub index: usize,
     /// The served model name.
     pub model: String,
-    /// Its members.
-    pub instances: Vec<InstanceId>,
     /// Its configuration.
     pub config: PoolConfig,
 }
 
-/// All pools and instances.
+/// All pools, and the instances serving them now.
 pub struct Fleet {
     pools: Vec<Pool>,
-    instances: Vec<Instance>,
     by_model: AHashMap<String, usize>,
     /// Model ids instances list in `/v1/models` beyond their pool's model (LoRA adapters,
     /// aliases) → pool. Replaced wholesale by the models refresher.
     discovered: RwLock<AHashMap<String, usize>>,
     /// The cached `/v1/models` answer.
     models: models::ModelsCache,
+    /// The current membership, swapped whole on every change.
+    view: ArcSwap<FleetView>,
+    /// Id slots in all: the routing core's per-instance state is sized by it.
+    capacity: usize,
+    /// Serialises membership changes (readers never take it).
+    edit: Mutex<()>,
+    next_uid: AtomicU64,
 }
 
 impl Fleet {
-    /// Builds the fleet from validated config.
+    /// Builds the fleet from validated config: the static pools' instances, in configuration
+    /// order from id 0; discovered pools start empty.
     pub fn new(cfg: &Config) -> Result<Fleet, GatewayError> {
         let mut pools = Vec::with_capacity(cfg.pools.len());
-        let mut instances = Vec::new();
+        let mut slots = Vec::new();
+        let mut members = Vec::with_capacity(cfg.pools.len());
         let mut by_model = AHashMap::new();
         for (p, pc) in cfg.pools.iter().enumerate() {
-            let mut members = Vec::with_capacity(pc.instances.len());
+            let mut pool_members = Vec::with_capacity(pc.instances.len());
             for ic in &pc.instances {
-                let authority = parse_base_url(&ic.url).map_err(GatewayError::Internal)?;
-                let name = ic.name.clone().unwrap_or_else(|| authority.clone());
-                let name_header = HeaderValue::from_str(&name)
-                    .map_err(|e| GatewayError::Internal(e.to_string()))?;
-                let host_header = HeaderValue::from_str(&authority)
-                    .map_err(|e| GatewayError::Internal(e.to_string()))?;
-                let id = InstanceId(instances.len() as u32);
-                members.push(id);
-                instances.push(Instance {
+                let id = InstanceId(slots.len() as u32);
+                let uid = slots.len() as u64;
+                slots.push(Some(Arc::new(Instance::new(
                     id,
-                    name_header,
-                    pool: p,
-                    authority,
-                    host_header,
-                    config: ic.clone(),
-                    flavour: pc.flavour,
-                    health: Health::new(),
-                    header_latency: Ewma::default(),
-                    ttft: Ewma::default(),
-                    engine: engine::EngineCell::default(),
-                    capacity_blocks: AtomicU64::new(ic.capacity_blocks.unwrap_or(0)),
-                    metrics: crate::metrics::InstanceMetrics::new(&pc.model, &name),
-                    name,
-                });
+                    uid,
+                    p,
+                    &pc.model,
+                    pc.flavour,
+                    ic.clone(),
+                )?)));
+                pool_members.push(id);
             }
+            members.push(pool_members);
             by_model.insert(pc.model.clone(), p);
             pools.push(Pool {
                 index: p,
                 model: pc.model.clone(),
-                instances: members,
                 config: pc.clone(),
             });
         }
+        let capacity = cfg
+            .pools
+            .iter()
+            .map(PoolConfig::slot_budget)
+            .sum::<usize>()
+            .min(kvgate_core::index::MAX_INSTANCES);
         let models = models::ModelsCache::new(&pools);
+        let next_uid = AtomicU64::new(slots.len() as u64);
         Ok(Fleet {
             pools,
-            instances,
             by_model,
             discovered: RwLock::new(AHashMap::new()),
             models,
+            view: ArcSwap::from_pointee(FleetView {
+                version: 0,
+                slots,
+                members,
+            }),
+            capacity,
+            edit: Mutex::new(()),
+            next_uid,
         })
     }
 
@@ -202,14 +178,24 @@ impl Fleet {
         &self.pools
     }
 
-    /// All instances, indexed by id.
-    pub fn instances(&self) -> &[Instance] {
-        &self.instances
+    /// The current membership, for a short read (a decision, a probing round).
+    pub fn view(&self) -> arc_swap::Guard<Arc<FleetView>> {
+        self.view.load()
     }
 
-    /// The instance with `id`.
-    pub fn instance(&self, id: InstanceId) -> &Instance {
-        &self.instances[id.index()]
+    /// The current membership, to hold across awaits.
+    pub fn snapshot(&self) -> Arc<FleetView> {
+        self.view.load_full()
+    }
+
+    /// The instance in slot `id` now (serving or draining), to hold for a request's life.
+    pub fn instance(&self, id: InstanceId) -> Option<Arc<Instance>> {
+        self.view.load().instance(id).cloned()
+    }
+
+    /// Id slots in all: every [`InstanceId`] the fleet hands out is below it.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// The pool serving `model`. Without a model: the only pool, or an error when several exist.
@@ -229,9 +215,9 @@ impl Fleet {
         }
     }
 
-    /// True when at least one instance is usable now.
+    /// True when at least one serving instance is usable now.
     pub fn any_usable(&self, now_ms: u64) -> bool {
-        self.instances.iter().any(|i| i.health.usable(now_ms))
+        self.view().serving().any(|i| i.health.usable(now_ms))
     }
 
     /// The cached `/v1/models` body.

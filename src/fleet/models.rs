@@ -117,7 +117,6 @@ mod tests {
         Pool {
             index: i,
             model: m.into(),
-            instances: vec![],
             config: PoolConfig {
                 model: m.into(),
                 block_size: None,
@@ -125,6 +124,8 @@ mod tests {
                 chat_template: None,
                 flavour: Flavour::Vllm,
                 instances: vec![],
+                max_instances: None,
+                discovery: Default::default(),
             },
         }
     }

@@ -12,6 +12,7 @@ use crate::client::{HttpClient, SendError};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::metrics;
+use ahash::{AHashMap, AHashSet};
 use futures_util::future::join_all;
 use kvgate_core::index::PlacementIndex;
 use kvgate_core::load::EngineLoad;
@@ -40,12 +41,8 @@ pub struct Probe {
 
 /// Spawns every probing loop; they stop when `token` is cancelled.
 pub fn spawn(probe: Probe, token: CancellationToken) -> Vec<tokio::task::JoinHandle<()>> {
-    for inst in probe.fleet.instances() {
-        metrics::set_instance_healthy(&inst.name, true);
-        if let Some(c) = inst.capacity() {
-            let cap = probe.config.routing.index.instance_capacity(c);
-            probe.index.set_instance_capacity(inst.id, cap);
-        }
+    for inst in probe.fleet.view().serving() {
+        announce(inst, &probe.config, &probe.index);
     }
     let mut handles = vec![
         tokio::spawn(health_loop(probe.clone(), token.clone())),
@@ -55,6 +52,20 @@ pub fn spawn(probe: Probe, token: CancellationToken) -> Vec<tokio::task::JoinHan
         handles.push(tokio::spawn(scrape_loop(probe, token)));
     }
     handles
+}
+
+/// Makes a new serving instance known: its health gauge, and its configured cache capacity in
+/// the index.
+pub fn announce(inst: &Instance, config: &Config, index: &PlacementIndex) {
+    metrics::set_instance_healthy(&inst.name, true);
+    if let Some(c) = inst.capacity() {
+        index.set_instance_capacity(inst.id, config.routing.index.instance_capacity(c));
+    }
+}
+
+/// The serving instances now, to probe in one round.
+fn serving(fleet: &Fleet) -> Vec<Arc<Instance>> {
+    fleet.view().serving().cloned().collect()
 }
 
 /// `GET path` on `inst`, its body read up to `limit` bytes.
@@ -79,14 +90,17 @@ fn ticker(ms: u64) -> tokio::time::Interval {
 async fn health_loop(p: Probe, token: CancellationToken) {
     let h = &p.config.health;
     let timeout = Duration::from_millis(h.timeout_ms);
-    let mut streaks = vec![Streak::default(); p.fleet.instances().len()];
+    // By instance uid: a reused id slot starts a new streak.
+    let mut streaks: AHashMap<u64, Streak> = AHashMap::new();
     let mut tick = ticker(h.interval_ms);
     loop {
         tokio::select! {
             _ = token.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let checks = p.fleet.instances().iter().map(|inst| {
+        let round = serving(&p.fleet);
+        streaks.retain(|uid, _| round.iter().any(|i| i.uid == *uid));
+        let checks = round.iter().map(|inst| {
             let client = p.client.clone();
             async move {
                 let got = get(&client, inst, "/health", timeout, 64 * 1024).await;
@@ -98,13 +112,8 @@ async fn health_loop(p: Probe, token: CancellationToken) {
             r = join_all(checks) => r,
         };
         let now = p.clock.now_ms();
-        for ((inst, ok), streak) in p
-            .fleet
-            .instances()
-            .iter()
-            .zip(results)
-            .zip(streaks.iter_mut())
-        {
+        for (inst, ok) in round.iter().zip(results) {
+            let streak = streaks.entry(inst.uid).or_default();
             let was_usable = inst.health.usable(now);
             if let Some(v) = streak.observe(
                 ok,
@@ -142,7 +151,8 @@ async fn models_loop(p: Probe, token: CancellationToken) {
             _ = tick.tick() => {}
         }
         let now = p.clock.now_ms();
-        let fetches = p.fleet.instances().iter().filter(|i| i.health.usable(now)).map(|inst| {
+        let round = serving(&p.fleet);
+        let fetches = round.iter().filter(|i| i.health.usable(now)).map(|inst| {
             let client = p.client.clone();
             async move {
                 match get(&client, inst, "/v1/models", timeout, PROBE_BODY_LIMIT).await {
@@ -170,13 +180,16 @@ async fn models_loop(p: Probe, token: CancellationToken) {
 async fn scrape_loop(p: Probe, token: CancellationToken) {
     let timeout = Duration::from_millis(p.config.load.timeout_ms);
     let mut tick = ticker(p.config.load.poll_interval_ms);
-    let mut warned = vec![false; p.fleet.instances().len()];
+    // Instance uids already told they report no load metrics.
+    let mut warned: AHashSet<u64> = AHashSet::new();
     loop {
         tokio::select! {
             _ = token.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let scrapes = p.fleet.instances().iter().map(|inst| {
+        let round = serving(&p.fleet);
+        warned.retain(|uid| round.iter().any(|i| i.uid == *uid));
+        let scrapes = round.iter().map(|inst| {
             let client = p.client.clone();
             async move {
                 match get(&client, inst, "/metrics", timeout, PROBE_BODY_LIMIT).await {
@@ -193,17 +206,10 @@ async fn scrape_loop(p: Probe, token: CancellationToken) {
             r = join_all(scrapes) => r,
         };
         let now = p.clock.now_ms();
-        for ((inst, res), warned) in p
-            .fleet
-            .instances()
-            .iter()
-            .zip(results)
-            .zip(warned.iter_mut())
-        {
+        for (inst, res) in round.iter().zip(results) {
             let Some(s) = res.filter(|s| s.found) else {
-                if !*warned {
+                if warned.insert(inst.uid) {
                     tracing::debug!(instance = %inst.name, "no engine load metrics; scoring uses router-tracked load only");
-                    *warned = true;
                 }
                 continue;
             };

@@ -14,16 +14,17 @@
 
 use crate::app::AppState;
 use crate::client::body::UpstreamBody;
+use crate::fleet::Instance;
 use crate::metrics;
 use crate::routing::Learning;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use kvgate_core::load::LoadGuard;
 use kvgate_core::router::BatchSample;
-use kvgate_core::InstanceId;
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -47,7 +48,8 @@ enum End {
 /// Per-request accounting carried by the body; finishes on end or drop.
 pub struct Tracker {
     state: AppState,
-    instance: InstanceId,
+    /// The answering instance, held even if it is removed from the fleet meanwhile.
+    instance: Arc<Instance>,
     route: usize,
     guard: Option<LoadGuard>,
     /// Arrival: user-felt times (metrics) count from here, admission queueing included.
@@ -80,7 +82,7 @@ impl Tracker {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         state: AppState,
-        instance: InstanceId,
+        instance: Arc<Instance>,
         route: usize,
         guard: LoadGuard,
         started: Instant,
@@ -165,16 +167,13 @@ impl Tracker {
             g.first_token();
         }
         if self.stream {
-            let inst = self.state.fleet.instance(self.instance);
+            let inst = &self.instance;
             inst.metrics.ttft(self.started.elapsed().as_secs_f64());
             // The instance's own share: from dispatch, without admission queueing or earlier
             // attempts.
             let ms = self.sent.elapsed().as_secs_f64() * 1e3;
             inst.ttft.observe(ms);
-            let batch = self
-                .state
-                .routing
-                .observe_ttft(self.instance, &self.learning, ms);
+            let batch = self.state.routing.observe_ttft(inst, &self.learning, ms);
             self.first = Some((Instant::now(), batch));
         }
     }
@@ -189,7 +188,7 @@ impl Tracker {
         let ms = at.elapsed().as_secs_f64() * 1e3;
         self.state
             .routing
-            .observe_decode(self.instance, &self.learning, tokens, ms, batch);
+            .observe_decode(&self.instance, &self.learning, tokens, ms, batch);
     }
 
     fn finish(&mut self, end: End) {
@@ -207,7 +206,7 @@ impl Tracker {
         if let Some(pool) = self.admitted.take() {
             self.state.admission.release(pool);
         }
-        let inst = self.state.fleet.instance(self.instance);
+        let inst = &self.instance;
         let class = match end {
             End::ClientGone => metrics::CANCELLED,
             _ => metrics::class_index(self.status),

@@ -49,6 +49,7 @@ use http_body_util::{BodyExt, Limited};
 use kvgate_core::InstanceId;
 use parse::Endpoint;
 use reply::Reply;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// `POST /v1/chat/completions`
@@ -323,9 +324,10 @@ where
 
 fn has_candidate(state: &AppState, pool: &Pool, tried: &[InstanceId]) -> bool {
     let now = state.clock.now_ms();
-    pool.instances
+    let view = state.fleet.view();
+    view.members(pool.index)
         .iter()
-        .any(|id| !tried.contains(id) && state.fleet.instance(*id).health.usable(now))
+        .any(|id| !tried.contains(id) && view.instance(*id).is_some_and(|i| i.health.usable(now)))
 }
 
 async fn forward(
@@ -392,6 +394,7 @@ async fn forward(
     let first_byte = Duration::from_millis(cfg.upstream.first_byte_timeout_ms);
     let max_attempts = cfg.upstream.max_attempts as usize;
     let mut tried: Vec<InstanceId> = Vec::new();
+    let mut last_tried: Option<Arc<crate::fleet::Instance>> = None;
     loop {
         gate.enter().await?;
         let full_at = gate.capacity();
@@ -407,10 +410,10 @@ async fn forward(
                 continue
             }
             // Every usable instance was tried and refused connections: report that, not "none healthy".
-            Err(e @ GatewayError::NoHealthyInstance { .. }) => match tried.last() {
-                Some(&last) => {
+            Err(e @ GatewayError::NoHealthyInstance { .. }) => match &last_tried {
+                Some(last) => {
                     return Err(GatewayError::UpstreamConnect {
-                        instance: state.fleet.instance(last).name.clone(),
+                        instance: last.name.clone(),
                     })
                 }
                 None => return Err(e),
@@ -425,7 +428,8 @@ async fn forward(
         }
         let id = routed.chosen;
         state.events.note_dispatch(id);
-        let inst = state.fleet.instance(id);
+        let inst = routed.instance.clone();
+        let inst = &*inst;
         let up = Outgoing {
             authority: &inst.authority,
             host: &inst.host_header,
@@ -465,6 +469,7 @@ async fn forward(
                     // Refused or failed, not served: the prompt will not be cached there.
                     state.routing.retract(&prep, &routed);
                     tried.push(id);
+                    last_tried = Some(routed.instance.clone());
                     if tried.len() < max_attempts && has_candidate(state, pool, &tried) {
                         metrics::record_retry(&pool.model, "status");
                         tracing::debug!(request_id = ?rid, instance = %inst.name, %status, "retrying on another instance");
@@ -499,6 +504,7 @@ async fn forward(
                     note_ejection(inst, h.eject_ms, &format!("repeated connect failures: {e}"));
                 }
                 tried.push(id);
+                last_tried = Some(routed.instance.clone());
                 if tried.len() < max_attempts && has_candidate(state, pool, &tried) {
                     metrics::record_retry(&pool.model, cause);
                     continue;
@@ -555,10 +561,10 @@ fn relay(
     admitted: (Option<usize>, Option<crate::ratelimit::Admitted>),
 ) -> Reply {
     let (admitted, rate) = admitted;
-    let inst = state.fleet.instance(routed.chosen);
+    let inst = routed.instance.clone();
     let mut tracker = Tracker::new(
         state.clone(),
-        routed.chosen,
+        routed.instance.clone(),
         endpoint.index(),
         routed.guard,
         times.0,

@@ -42,16 +42,13 @@ async fn failing_engine(idempotent: bool) -> (Report, String, Option<Instant>) {
         }),
     );
     let watch = async {
-        let id = gw.state.fleet.instances()[0].id;
-        assert_eq!(gw.state.fleet.instance(id).name, victim);
-        let seen = eventually(20, || {
-            gw.state
-                .fleet
-                .instance(id)
-                .health
-                .ejected(gw.state.clock.now_ms())
-        })
-        .await;
+        let inst = gw
+            .state
+            .fleet
+            .instance(kvgate_core::InstanceId(0))
+            .expect("instance 0");
+        assert_eq!(inst.name, victim);
+        let seen = eventually(20, || inst.health.ejected(gw.state.clock.now_ms())).await;
         seen.then(Instant::now)
     };
     let (report, ejected_at) = tokio::join!(run, watch);

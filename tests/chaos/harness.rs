@@ -56,6 +56,8 @@ pub fn config(infos: &[SimInstanceInfo]) -> Config {
                 capacity_blocks: Some(i.capacity_blocks),
             })
             .collect(),
+        max_instances: None,
+        discovery: Default::default(),
     }];
     cfg
 }
@@ -118,8 +120,8 @@ pub async fn all_usable(gw: &Gateway) {
         let now = gw.state.clock.now_ms();
         gw.state
             .fleet
+            .view()
             .instances()
-            .iter()
             .all(|i| i.health.usable(now))
     })
     .await;

@@ -117,14 +117,14 @@ async fn kill_under_load(idempotent: bool, pooled: bool) -> (Report, String, u32
                 // Everything outstanding reached an engine: none of it can still be routed to
                 // the victim after the kill.
                 let dispatched = eventually(5, || {
-                    let total: u32 = fleet.instances().iter().map(|i| in_flight(i.id)).sum();
+                    let total: u32 = fleet.view().instances().map(|i| in_flight(i.id)).sum();
                     total as usize >= progress.outstanding()
                 })
                 .await;
                 assert!(dispatched, "outstanding requests never dispatched");
-                let (idx, inst) = fleet
+                let view = fleet.snapshot();
+                let (idx, inst) = view
                     .instances()
-                    .iter()
                     .enumerate()
                     .max_by_key(|(_, i)| in_flight(i.id))
                     .expect("instances");

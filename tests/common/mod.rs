@@ -328,7 +328,13 @@ pub struct Gateway {
 
 impl Gateway {
     pub async fn start(cfg: Config) -> Gateway {
+        Self::start_with(cfg, |_| {}).await
+    }
+
+    /// [`Gateway::start`], with `prepare` run on the state before it serves.
+    pub async fn start_with(cfg: Config, prepare: impl FnOnce(&kvgate::app::AppState)) -> Gateway {
         let state = kvgate::app::AppState::new(cfg).expect("gateway state");
+        prepare(&state);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel::<()>();

@@ -180,6 +180,15 @@ impl Router {
         &self.outputs
     }
 
+    /// Forgets `instance` (it left the fleet; its id may be given to a new instance): its index
+    /// entries and capacity, and its learned prefill and decode rates. Its load counters are
+    /// untouched: they fall to zero as the requests holding them end.
+    pub fn forget_instance(&self, instance: InstanceId) {
+        self.index.forget_instance(instance);
+        self.rates.reset(instance);
+        self.decode.reset(instance);
+    }
+
     /// Expected output tokens of a request to `pool` bounded by `max_tokens`.
     pub fn expected_output(&self, pool: usize, max_tokens: Option<u32>) -> u32 {
         self.outputs.expected(pool, max_tokens)

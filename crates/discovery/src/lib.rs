@@ -23,6 +23,7 @@ pub mod config;
 pub mod endpoint;
 pub mod source;
 pub mod static_list;
+pub mod validate;
 
 pub use config::{DiscoveryConfig, SourceKind};
 pub use endpoint::{Endpoint, EndpointSet};

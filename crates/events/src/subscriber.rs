@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use kvgate_core::index::PlacementIndex;
 use kvgate_core::{InstanceId, Millis};
@@ -90,11 +91,32 @@ impl InstanceEvents {
     }
 }
 
-/// Running KV event ingestion for a set of instances. Dropping it stops every task.
-pub struct EventsHandle {
-    instances: HashMap<InstanceId, Arc<InstanceEvents>>,
-    order: Vec<InstanceId>,
+/// One instance's running ingestion: its shared state and its streams' tasks, aborted on drop.
+struct Running {
+    events: Arc<InstanceEvents>,
     tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Running KV event ingestion for a changing set of instances. Dropping it stops every task.
+///
+/// Instances are added and removed while it runs ([`EventsHandle::add`],
+/// [`EventsHandle::remove`]); the request path's [`EventsHandle::note_dispatch`] reads the current
+/// set lock-free.
+pub struct EventsHandle {
+    cfg: EventsConfig,
+    index: Arc<PlacementIndex>,
+    clock: ClockFn,
+    live: ArcSwap<HashMap<InstanceId, Arc<Running>>>,
+    /// Serialises changes to `live`.
+    edit: Mutex<()>,
 }
 
 impl Drop for EventsHandle {
@@ -104,6 +126,23 @@ impl Drop for EventsHandle {
 }
 
 impl EventsHandle {
+    /// Ingestion for no instance yet, applying to `index` with times from `clock`. Fails only on
+    /// invalid configuration.
+    pub fn new(
+        cfg: &EventsConfig,
+        index: Arc<PlacementIndex>,
+        clock: ClockFn,
+    ) -> Result<Self, EventsConfigError> {
+        cfg.validate()?;
+        Ok(EventsHandle {
+            cfg: cfg.clone(),
+            index,
+            clock,
+            live: ArcSwap::from_pointee(HashMap::new()),
+            edit: Mutex::new(()),
+        })
+    }
+
     /// Starts ingestion for `sources` on the current tokio runtime, applying to `index` with
     /// times from `clock`. Fails only on invalid configuration; unreachable endpoints are retried.
     pub fn start(
@@ -112,118 +151,156 @@ impl EventsHandle {
         index: Arc<PlacementIndex>,
         clock: ClockFn,
     ) -> Result<Self, EventsConfigError> {
-        cfg.validate()?;
-        let mut handle = EventsHandle {
-            instances: HashMap::new(),
-            order: Vec::new(),
-            tasks: Vec::new(),
-        };
+        let handle = Self::new(cfg, index, clock)?;
         for src in sources {
-            if src.dp_ranks == 0 {
-                return Err(EventsConfigError {
-                    key: format!("kv_events of {}", src.name),
-                    message: "dp_ranks must be at least 1".into(),
-                });
-            }
-            let metrics = StreamMetrics::new(&src.name);
-            let mut streams = Vec::new();
-            let mut ingests = Vec::new();
-            for rank in 0..src.dp_ranks {
-                let params = StreamParams {
-                    instance: src.instance,
-                    name: Arc::from(src.name.as_str()),
-                    dp_rank: rank,
-                    model: src.model.clone(),
-                    block_size: src.block_size,
-                    dialect: src.dialect,
-                    max_tracked_blocks: cfg.max_tracked_blocks,
-                    limits: cfg.decode_limits(),
-                    sole_stream: src.dp_ranks == 1,
-                };
-                let mut ingest = StreamIngest::new(params, index.clone(), metrics.clone());
-                ingest.status_mut().endpoint = src.rank_endpoint(rank);
-                ingest.publish_status();
-                streams.push(ingest.status_cell());
-                ingests.push(ingest);
-            }
-            let inst = Arc::new(InstanceEvents {
-                instance: src.instance,
-                name: src.name.clone(),
-                dispatches: AtomicU64::new(0),
-                dispatches_at_last_message: AtomicU64::new(0),
-                last_message_ms: AtomicU64::new(0),
-                started_ms: clock(),
-                streams,
-            });
-            for (rank, ingest) in (0..src.dp_ranks).zip(ingests) {
-                let (tx, rx) = mpsc::channel(cfg.channel_capacity);
-                let link = Arc::new(Link::default());
-                let (direction, _) = src.direction();
-                let sock = SocketTask {
-                    endpoint: src.rank_endpoint(rank),
-                    direction,
-                    topic: src.topic.clone(),
-                    max_payload: cfg.max_message_bytes,
-                    backoff: (cfg.reconnect_initial_ms, cfg.reconnect_max_ms),
-                    link: link.clone(),
-                    tx,
-                    name: src.name.clone(),
-                };
-                handle.tasks.push(tokio::spawn(sock.run()));
-                let replayer = src.rank_replay_endpoint(rank).map(|e| {
-                    ZmqReplayer::new(
-                        e,
-                        Duration::from_millis(cfg.replay_timeout_ms),
-                        cfg.max_message_bytes,
-                    )
-                });
-                let task = IngestTask {
-                    ingest,
-                    replayer,
-                    link,
-                    rx,
-                    instance: inst.clone(),
-                    cfg: cfg.clone(),
-                    clock: clock.clone(),
-                };
-                handle.tasks.push(tokio::spawn(task.run()));
-            }
-            handle.order.push(src.instance);
-            handle.instances.insert(src.instance, inst);
+            handle.add(src)?;
         }
         Ok(handle)
     }
 
+    /// Starts ingestion for one more instance (replacing what ran for its id before), on the
+    /// current tokio runtime. Unreachable endpoints are retried.
+    pub fn add(&self, src: EventSource) -> Result<(), EventsConfigError> {
+        let running = self.spawn_source(&src)?;
+        let _edit = self.edit.lock();
+        let mut next = HashMap::clone(&self.live.load());
+        next.insert(src.instance, Arc::new(running));
+        self.live.store(Arc::new(next));
+        Ok(())
+    }
+
+    /// Stops ingestion for `instance` (its tasks end; its index entries stay until the caller
+    /// clears them).
+    pub fn remove(&self, instance: InstanceId) {
+        let _edit = self.edit.lock();
+        let cur = self.live.load();
+        if !cur.contains_key(&instance) {
+            return;
+        }
+        let mut next = HashMap::clone(&cur);
+        if let Some(r) = next.remove(&instance) {
+            for t in &r.tasks {
+                t.abort();
+            }
+        }
+        self.live.store(Arc::new(next));
+    }
+
+    fn spawn_source(&self, src: &EventSource) -> Result<Running, EventsConfigError> {
+        let cfg = &self.cfg;
+        if src.dp_ranks == 0 {
+            return Err(EventsConfigError {
+                key: format!("kv_events of {}", src.name),
+                message: "dp_ranks must be at least 1".into(),
+            });
+        }
+        let metrics = StreamMetrics::new(&src.name);
+        let mut streams = Vec::new();
+        let mut ingests = Vec::new();
+        for rank in 0..src.dp_ranks {
+            let params = StreamParams {
+                instance: src.instance,
+                name: Arc::from(src.name.as_str()),
+                dp_rank: rank,
+                model: src.model.clone(),
+                block_size: src.block_size,
+                dialect: src.dialect,
+                max_tracked_blocks: cfg.max_tracked_blocks,
+                limits: cfg.decode_limits(),
+                sole_stream: src.dp_ranks == 1,
+            };
+            let mut ingest = StreamIngest::new(params, self.index.clone(), metrics.clone());
+            ingest.status_mut().endpoint = src.rank_endpoint(rank);
+            ingest.publish_status();
+            streams.push(ingest.status_cell());
+            ingests.push(ingest);
+        }
+        let inst = Arc::new(InstanceEvents {
+            instance: src.instance,
+            name: src.name.clone(),
+            dispatches: AtomicU64::new(0),
+            dispatches_at_last_message: AtomicU64::new(0),
+            last_message_ms: AtomicU64::new(0),
+            started_ms: (self.clock)(),
+            streams,
+        });
+        let mut tasks = Vec::new();
+        for (rank, ingest) in (0..src.dp_ranks).zip(ingests) {
+            let (tx, rx) = mpsc::channel(cfg.channel_capacity);
+            let link = Arc::new(Link::default());
+            let (direction, _) = src.direction();
+            let sock = SocketTask {
+                endpoint: src.rank_endpoint(rank),
+                direction,
+                topic: src.topic.clone(),
+                max_payload: cfg.max_message_bytes,
+                backoff: (cfg.reconnect_initial_ms, cfg.reconnect_max_ms),
+                link: link.clone(),
+                tx,
+                name: src.name.clone(),
+            };
+            tasks.push(tokio::spawn(sock.run()));
+            let replayer = src.rank_replay_endpoint(rank).map(|e| {
+                ZmqReplayer::new(
+                    e,
+                    Duration::from_millis(cfg.replay_timeout_ms),
+                    cfg.max_message_bytes,
+                )
+            });
+            let task = IngestTask {
+                ingest,
+                replayer,
+                link,
+                rx,
+                instance: inst.clone(),
+                cfg: cfg.clone(),
+                clock: self.clock.clone(),
+            };
+            tasks.push(tokio::spawn(task.run()));
+        }
+        Ok(Running {
+            events: inst,
+            tasks,
+        })
+    }
+
     /// Stops every task (also done on drop). Status stays readable.
     pub fn stop(&self) {
-        for t in &self.tasks {
-            t.abort();
+        for r in self.live.load().values() {
+            for t in &r.tasks {
+                t.abort();
+            }
         }
     }
 
     /// Tells silence detection that a request was dispatched to `instance`. Cheap (one atomic).
     pub fn note_dispatch(&self, instance: InstanceId) {
-        if let Some(i) = self.instances.get(&instance) {
-            i.dispatches.fetch_add(1, Ordering::Relaxed);
+        if let Some(r) = self.live.load().get(&instance) {
+            r.events.dispatches.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// The instance's shared state, if it has an event source.
-    pub fn instance(&self, instance: InstanceId) -> Option<&Arc<InstanceEvents>> {
-        self.instances.get(&instance)
+    pub fn instance(&self, instance: InstanceId) -> Option<Arc<InstanceEvents>> {
+        self.live.load().get(&instance).map(|r| r.events.clone())
     }
 
     /// True when `instance` has an event source and it is flagged silent.
     pub fn is_silent(&self, instance: InstanceId) -> bool {
-        self.instances.get(&instance).is_some_and(|i| i.is_silent())
+        self.live
+            .load()
+            .get(&instance)
+            .is_some_and(|r| r.events.is_silent())
     }
 
-    /// Status of every stream, in configuration order.
+    /// Status of every stream, by instance id.
     pub fn status(&self) -> Vec<StreamStatus> {
-        self.order
-            .iter()
-            .filter_map(|id| self.instances.get(id))
-            .flat_map(|i| i.status())
+        let live = self.live.load();
+        let mut ids: Vec<&InstanceId> = live.keys().collect();
+        ids.sort_unstable();
+        ids.into_iter()
+            .filter_map(|id| live.get(id))
+            .flat_map(|r| r.events.status())
             .collect()
     }
 }

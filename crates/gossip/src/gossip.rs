@@ -354,6 +354,12 @@ impl Gossip {
             .unwrap_or_default()
     }
 
+    /// The names this replica's instances go by on the wire; the gateway registers instances
+    /// as discovery adds them and forgets them as it removes them.
+    pub fn directory(&self) -> &InstanceDirectory {
+        &self.inner.directory
+    }
+
     /// Live peers' view of `instance`: `Some(false)` if any peer observes it dead,
     /// `Some(true)` if some observe it healthy and none dead, `None` without reports.
     pub fn peer_health(&self, instance: InstanceId) -> Option<bool> {

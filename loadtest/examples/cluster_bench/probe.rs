@@ -53,8 +53,8 @@ pub fn holder(state: &AppState, hashes: &[BlockHash]) -> Option<InstanceId> {
     let want = hashes.len() as u32;
     state
         .fleet
+        .view()
         .instances()
-        .iter()
         .map(|i| i.id)
         .find(|&id| m.get(id).total() >= want)
 }
@@ -242,7 +242,7 @@ impl Spread {
         let Some(first) = replicas.first() else {
             return;
         };
-        let ids: Vec<InstanceId> = first.fleet.instances().iter().map(|i| i.id).collect();
+        let ids: Vec<InstanceId> = first.fleet.view().instances().map(|i| i.id).collect();
         if self.mean_per_instance.len() != ids.len() {
             self.mean_per_instance = vec![0.0; ids.len()];
         }

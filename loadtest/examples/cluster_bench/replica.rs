@@ -57,6 +57,8 @@ fn config(spec: &ReplicaSpec, seeds: &[SocketAddr]) -> Config {
             .enumerate()
             .map(|(i, u)| InstanceConfig::at(format!("sim-{i}"), u.clone()))
             .collect(),
+        max_instances: None,
+        discovery: Default::default(),
     }];
     if spec.gossip {
         c.gossip.enabled = true;

@@ -51,6 +51,8 @@ pub fn config_for(
                 capacity_blocks: Some(e.capacity_blocks),
             })
             .collect(),
+        max_instances: None,
+        discovery: Default::default(),
     }];
     cfg
 }

@@ -64,6 +64,15 @@ impl PlacementIndex {
         }
     }
 
+    /// Forgets `instance` entirely (it left the fleet and its id may be given to a new one):
+    /// every entry of every source, and its capacity back to the configured default.
+    pub fn forget_instance(&self, instance: InstanceId) {
+        self.clear_instance(instance, &SOURCES);
+        if let Some(slot) = self.slots.get(instance.0) {
+            slot.capacity.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Removes expired predictions; returns how many. Call periodically, off the request path.
     pub fn expire(&self, now: Millis) -> usize {
         self.now_hint.fetch_max(now, Ordering::Relaxed);

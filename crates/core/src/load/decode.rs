@@ -240,6 +240,11 @@ impl DecodeEstimator {
         }
     }
 
+    /// Forgets what was learned about `instance`: it starts again from the pool's estimate.
+    pub fn reset(&self, instance: InstanceId) {
+        self.state.write().reset(instance.index());
+    }
+
     /// Learns from one finished stream on `instance`. Returns the updated estimate.
     pub fn observe(&self, instance: InstanceId, o: DecodeObservation) -> DecodeRates {
         let cfg = &self.cfg;
