@@ -319,12 +319,13 @@ async fn one_broken_stream_does_not_stall_another() {
     let origin = Instant::now();
     let clock = Arc::new(move || origin.elapsed().as_millis() as u64 + 1);
     let h = EventsHandle::start(&cfg(), vec![bad, ok], idx.clone(), clock).unwrap();
-    until("good connection", || h.status()[1].connected).await;
+    // Status comes by instance id: "good" is instance 0, "bad" instance 1.
+    until("good connection", || h.status()[0].connected).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let t = toks(0, 4);
     good.publish(0, block_msg(0, &t), false).await;
     until("good stream applied", || credited(&idx, I, &t) == 1).await;
-    assert!(!h.status()[0].connected);
+    assert!(!h.status()[1].connected);
 }
 
 #[tokio::test]
