@@ -16,9 +16,11 @@ pub async fn health() -> &'static str {
     "ok"
 }
 
-/// `GET /ready`: at least one instance is usable.
+/// `GET /ready`: at least one instance is usable and the gateway is not shutting down.
 pub async fn ready(State(s): State<AppState>) -> Response {
-    if s.fleet.any_usable(s.clock.now_ms()) {
+    if s.is_draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response()
+    } else if s.fleet.any_usable(s.clock.now_ms()) {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "no healthy instance").into_response()

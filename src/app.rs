@@ -56,6 +56,8 @@ pub struct Shared {
     pub limits: proxy::limits::Limits,
     /// Client API keys (`[auth]`), reloaded in place.
     pub auth: Arc<crate::auth::Keys>,
+    /// Set once shutdown starts: `/ready` fails from then on.
+    draining: std::sync::atomic::AtomicBool,
     /// Per-tenant rate limits (`[rate_limits]` and the keys file's tenants).
     pub rate_limits: Arc<crate::ratelimit::RateLimits>,
     /// Endpoint-set channels given for discovered pools before the background tasks start,
@@ -126,6 +128,7 @@ impl AppState {
             admission,
             offload,
             given_sources: Default::default(),
+            draining: Default::default(),
         })))
     }
 
@@ -138,6 +141,17 @@ impl AppState {
         rx: tokio::sync::watch::Receiver<kvgate_discovery::EndpointSet>,
     ) {
         self.given_sources.lock().push((pool, rx));
+    }
+
+    /// Shutdown has started: `/ready` fails from now on.
+    pub fn start_draining(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// True once shutdown has started.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The channel given for `pool`, once.

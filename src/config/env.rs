@@ -15,6 +15,8 @@ pub const LOG: &str = "KVGATE_LOG";
 pub const BODY_LIMIT_BYTES: &str = "KVGATE_BODY_LIMIT_BYTES";
 /// `server.shutdown_grace_ms`: how long in-flight requests may finish after a shutdown signal.
 pub const SHUTDOWN_GRACE_MS: &str = "KVGATE_SHUTDOWN_GRACE_MS";
+/// `server.drain_delay_ms`: how long `/ready` fails before the listener closes on shutdown.
+pub const DRAIN_DELAY_MS: &str = "KVGATE_DRAIN_DELAY_MS";
 /// `server.threads`: serving threads (0 = one per core).
 pub const THREADS: &str = "KVGATE_THREADS";
 /// `upstream.max_attempts`: attempts per request (1 = no retry).
@@ -37,6 +39,7 @@ pub const OVERRIDES: &[&str] = &[
     LOG,
     BODY_LIMIT_BYTES,
     SHUTDOWN_GRACE_MS,
+    DRAIN_DELAY_MS,
     THREADS,
     MAX_ATTEMPTS,
     POLICY,

@@ -158,6 +158,9 @@ impl Config {
             self.server.shutdown_grace_ms =
                 parse(env::SHUTDOWN_GRACE_MS, "server.shutdown_grace_ms", &v)?;
         }
+        if let Some(v) = lookup(env::DRAIN_DELAY_MS) {
+            self.server.drain_delay_ms = parse(env::DRAIN_DELAY_MS, "server.drain_delay_ms", &v)?;
+        }
         if let Some(v) = lookup(env::THREADS) {
             self.server.threads = parse(env::THREADS, "server.threads", &v)?;
         }

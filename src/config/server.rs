@@ -35,6 +35,10 @@ pub struct ServerConfig {
     pub body_limit_bytes: usize,
     /// After SIGTERM/SIGINT: how long in-flight requests and streams may still finish.
     pub shutdown_grace_ms: u64,
+    /// After SIGTERM/SIGINT and before the listener closes: how long `/ready` fails while new
+    /// connections are still served, so that load balancers and Kubernetes endpoints stop
+    /// sending here first. 0 closes the listener at once.
+    pub drain_delay_ms: u64,
     /// Log line format.
     pub log_format: LogFormat,
     /// `tracing` filter directive (e.g. `info`, `kvgate=debug,info`).
@@ -54,6 +58,7 @@ impl Default for ServerConfig {
             listen: "127.0.0.1:8080".to_string(),
             body_limit_bytes: 32 * 1024 * 1024,
             shutdown_grace_ms: 30_000,
+            drain_delay_ms: 0,
             log_format: LogFormat::Human,
             log_filter: "info".to_string(),
             request_id_header: "x-request-id".to_string(),

@@ -64,7 +64,7 @@ pub async fn run(
         workers.push(done_rx);
     }
 
-    let accept = async {
+    let mut accept = Box::pin(async {
         let mut next = 0usize;
         loop {
             let (stream, _) = match listener.accept().await {
@@ -87,12 +87,26 @@ pub async fn run(
             }
             next = next.wrapping_add(1);
         }
-    };
+    });
     tokio::select! {
-        _ = accept => {}
+        _ = &mut accept => {}
         _ = shutdown => {}
     }
+    state.start_draining();
+    let delay = Duration::from_millis(state.config.server.drain_delay_ms);
+    if !delay.is_zero() {
+        // Taken out of rotation first: /ready fails while new connections are still served.
+        tracing::info!(
+            "shutdown requested: failing /ready for {} ms before closing the listener",
+            delay.as_millis()
+        );
+        tokio::select! {
+            _ = &mut accept => {}
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
     tracing::info!("shutdown requested: no new connections; draining in-flight requests");
+    drop(accept);
     drop(listener);
     drop(senders);
     token.cancel();
