@@ -1,0 +1,136 @@
+//! Every `kvgate.toml` under `deploy/` (the files the Kubernetes manifests turn into the
+//! `kvgate-config` ConfigMap) is a valid kvgate config: every key known, every value valid.
+//!
+//! Each file is checked as the pod sees it: `__POD_IP__` replaced as the container's start
+//! command does, and the gossip secret set as the `kvgate-gossip` Secret does. A pool's
+//! `[pools.discovery]` table is checked against `kvgate_discovery::DiscoveryConfig` (unknown keys
+//! fail); the rest of the file is checked as a gateway [`Config`], with one stand-in instance per
+//! discovered pool, since the instances come from discovery at run time.
+
+use kvgate::config::Config;
+use kvgate_discovery::{DiscoveryConfig, SourceKind};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// What the container's start command puts in place of `__POD_IP__`.
+const POD_IP: &str = "10.0.0.1";
+/// A gossip secret of the length the docs' `openssl rand -base64 32` gives.
+const SECRET: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+
+/// Checks one deploy config file's text; the error names the problem.
+fn check(text: &str, origin: &str) -> Result<(), String> {
+    let text = text.replace("__POD_IP__", POD_IP);
+    let mut doc: toml::Table = toml::from_str(&text).map_err(|e| format!("{origin}: {e}"))?;
+    if let Some(pools) = doc.get_mut("pools").and_then(|p| p.as_array_mut()) {
+        for (i, pool) in pools.iter_mut().enumerate() {
+            let pool = pool
+                .as_table_mut()
+                .ok_or_else(|| format!("{origin}: pools[{i}] is not a table"))?;
+            let Some(discovery) = pool.remove("discovery") else {
+                continue;
+            };
+            let d = DiscoveryConfig::deserialize(discovery)
+                .map_err(|e| format!("{origin}: pools[{i}].discovery: {e}"))?;
+            if d.source != SourceKind::Kubernetes {
+                return Err(format!(
+                    "{origin}: pools[{i}].discovery.source is not kubernetes"
+                ));
+            }
+            let targets = [&d.service, &d.selector, &d.inference_pool]
+                .iter()
+                .filter(|t| t.is_some())
+                .count();
+            if targets != 1 {
+                return Err(format!(
+                    "{origin}: pools[{i}].discovery needs exactly one of service, selector, inference_pool"
+                ));
+            }
+            let port = d
+                .port
+                .ok_or_else(|| format!("{origin}: pools[{i}].discovery.port is not set"))?;
+            if pool.contains_key("instances") {
+                return Err(format!(
+                    "{origin}: pools[{i}] lists instances although discovery finds them"
+                ));
+            }
+            let mut stand_in = toml::Table::new();
+            stand_in.insert("url".into(), format!("http://10.0.0.2:{port}").into());
+            pool.insert("instances".into(), vec![toml::Value::from(stand_in)].into());
+        }
+    }
+    let text = toml::to_string(&doc).map_err(|e| format!("{origin}: {e}"))?;
+    let mut cfg = Config::from_toml_str(&text, origin).map_err(|e| e.to_string())?;
+    cfg.apply_env(|k| (k == kvgate_gossip::ENV_SECRET).then(|| SECRET.to_string()))
+        .map_err(|e| e.to_string())?;
+    cfg.validate().map_err(|e| format!("{origin}: {e}"))?;
+    if cfg.pools.is_empty() {
+        return Err(format!(
+            "{origin}: no pool (kvgate would start its simulated fleet)"
+        ));
+    }
+    Ok(())
+}
+
+fn deploy_configs(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            deploy_configs(&path, out);
+        } else if path.file_name().is_some_and(|n| n == "kvgate.toml") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn every_deploy_config_is_valid() {
+    let mut files = Vec::new();
+    deploy_configs(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy"),
+        &mut files,
+    );
+    files.sort();
+    // The base and the example-vllm overlay at least.
+    assert!(files.len() >= 2, "{files:?}");
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        if let Err(e) = check(&text, &f.display().to_string()) {
+            panic!("{e}");
+        }
+    }
+}
+
+#[test]
+fn mistakes_in_a_deploy_config_are_caught() {
+    let good = "[gossip]\nenabled = true\nbind = \"0.0.0.0:7946\"\nadvertise = \"__POD_IP__:7946\"\n\
+                [[pools]]\nmodel = \"m\"\n[pools.discovery]\nsource = \"kubernetes\"\nservice = \"vllm\"\nport = 8000\n";
+    check(good, "good").unwrap();
+    for (bad, expect) in [
+        (good.replace("service =", "servcie ="), "servcie"),
+        (good.replace("\nport = 8000", ""), "port"),
+        (
+            good.replace("service =", "selector = \"app=x\"\nservice ="),
+            "exactly one",
+        ),
+        (good.replace("\"kubernetes\"", "\"k8s\""), "k8s"),
+        (
+            good.replace("model = \"m\"", "model = \"m\"\nblock_size = 0"),
+            "block_size",
+        ),
+        (
+            good.replace("[gossip]", "[gossip]\nflush_interval = 1"),
+            "flush_interval",
+        ),
+        (
+            good.replace("[gossip]", "[server]\nlisten = \"nowhere\"\n[gossip]"),
+            "server.listen",
+        ),
+        (
+            format!("{good}[[pools]]\nmodel = \"m\"\ninstances = [{{ url = \"http://h:1\" }}]\n"),
+            "twice",
+        ),
+    ] {
+        let e = check(&bad, "bad").unwrap_err();
+        assert!(e.contains(expect), "expected `{expect}` in: {e}");
+    }
+}
