@@ -2,14 +2,10 @@
 //! `kvgate-config` ConfigMap) is a valid kvgate config: every key known, every value valid.
 //!
 //! Each file is checked as the pod sees it: `__POD_IP__` replaced as the container's start
-//! command does, and the gossip secret set as the `kvgate-gossip` Secret does. A pool's
-//! `[pools.discovery]` table is checked against `kvgate_discovery::DiscoveryConfig` (unknown keys
-//! fail); the rest of the file is checked as a gateway [`Config`], with one stand-in instance per
-//! discovered pool, since the instances come from discovery at run time.
+//! command does, and the gossip secret set as the `kvgate-gossip` Secret does; then parsed and
+//! validated as the gateway's [`Config`], `[pools.discovery]` included.
 
 use kvgate::config::Config;
-use kvgate_discovery::{DiscoveryConfig, SourceKind};
-use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
 /// What the container's start command puts in place of `__POD_IP__`.
@@ -17,48 +13,9 @@ const POD_IP: &str = "10.0.0.1";
 /// A gossip secret of the length the docs' `openssl rand -base64 32` gives.
 const SECRET: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
 
-/// Checks one deploy config file's text; the error names the problem.
+/// Checks one deploy config file's text as the gateway reads it; the error names the problem.
 fn check(text: &str, origin: &str) -> Result<(), String> {
     let text = text.replace("__POD_IP__", POD_IP);
-    let mut doc: toml::Table = toml::from_str(&text).map_err(|e| format!("{origin}: {e}"))?;
-    if let Some(pools) = doc.get_mut("pools").and_then(|p| p.as_array_mut()) {
-        for (i, pool) in pools.iter_mut().enumerate() {
-            let pool = pool
-                .as_table_mut()
-                .ok_or_else(|| format!("{origin}: pools[{i}] is not a table"))?;
-            let Some(discovery) = pool.remove("discovery") else {
-                continue;
-            };
-            let d = DiscoveryConfig::deserialize(discovery)
-                .map_err(|e| format!("{origin}: pools[{i}].discovery: {e}"))?;
-            if d.source != SourceKind::Kubernetes {
-                return Err(format!(
-                    "{origin}: pools[{i}].discovery.source is not kubernetes"
-                ));
-            }
-            let targets = [&d.service, &d.selector, &d.inference_pool]
-                .iter()
-                .filter(|t| t.is_some())
-                .count();
-            if targets != 1 {
-                return Err(format!(
-                    "{origin}: pools[{i}].discovery needs exactly one of service, selector, inference_pool"
-                ));
-            }
-            let port = d
-                .port
-                .ok_or_else(|| format!("{origin}: pools[{i}].discovery.port is not set"))?;
-            if pool.contains_key("instances") {
-                return Err(format!(
-                    "{origin}: pools[{i}] lists instances although discovery finds them"
-                ));
-            }
-            let mut stand_in = toml::Table::new();
-            stand_in.insert("url".into(), format!("http://10.0.0.2:{port}").into());
-            pool.insert("instances".into(), vec![toml::Value::from(stand_in)].into());
-        }
-    }
-    let text = toml::to_string(&doc).map_err(|e| format!("{origin}: {e}"))?;
     let mut cfg = Config::from_toml_str(&text, origin).map_err(|e| e.to_string())?;
     cfg.apply_env(|k| (k == kvgate_gossip::ENV_SECRET).then(|| SECRET.to_string()))
         .map_err(|e| e.to_string())?;
@@ -107,7 +64,6 @@ fn mistakes_in_a_deploy_config_are_caught() {
     check(good, "good").unwrap();
     for (bad, expect) in [
         (good.replace("service =", "servcie ="), "servcie"),
-        (good.replace("\nport = 8000", ""), "port"),
         (
             good.replace("service =", "selector = \"app=x\"\nservice ="),
             "exactly one",
