@@ -39,8 +39,12 @@
 //!   load guard, the sequence the offline simulator runs too), gossip as its peer plane; feeds
 //!   first tokens and finished streams back to the learned rates; keeps the decision log
 //!   ([`decision_log`], sharded by serving thread).
-//! - [`fleet`] — pools by model, instances with dense ids, health (active checks + passive
-//!   ejection), latency averages, engine load scraping, the `/v1/models` union.
+//! - [`live`] — the live fleet: discovered pools follow the endpoint sets their sources publish
+//!   ([`discovery`] starts them); KV events, health checks and gossip naming start and stop with
+//!   each instance; drained instances are freed and forgotten.
+//! - [`fleet`] — pools by model; instances in id slots under a membership view swapped whole
+//!   (`arc-swap`), serving or draining; health (active checks + passive ejection), latency
+//!   averages, engine load scraping, the `/v1/models` union.
 //! - [`client`] — HTTP/1.1 client doing each exchange on the request's own task over a per-thread
 //!   keep-alive pool ([`client::wire`] encodes and parses heads, [`client::body`] streams bodies);
 //!   connect / first-byte timeouts, stale pooled connections replaced.
