@@ -11,6 +11,8 @@
 //! # selector = "app=vllm"     #   pods matching this label selector, or
 //! # inference_pool = "llama"  #   the pods of this InferencePool (its selector and target port)
 //! port = 8000                 # engine HTTP port (dns, and kubernetes when the object has none)
+//! # interval_ms = 5000       # dns: re-resolution interval
+//! # lookup_timeout_ms = 2000  # dns: one lookup's timeout
 //! # name = "vllm-headless.inference.svc.cluster.local"   # dns: the name to resolve
 //! kv_events_port = 5557       # optional: KV events at tcp://<ip>:<port> on every endpoint
 //! kv_replay_port = 5558       # optional
@@ -45,6 +47,9 @@ pub struct DiscoveryConfig {
     /// dns: re-resolution interval.
     #[serde(default = "DiscoveryConfig::default_interval_ms")]
     pub interval_ms: u64,
+    /// dns: how long one lookup may take before it counts as a failure.
+    #[serde(default = "DiscoveryConfig::default_lookup_timeout_ms")]
+    pub lookup_timeout_ms: u64,
     /// Engine HTTP port: for dns always; for kubernetes when the watched object names none.
     #[serde(default)]
     pub port: Option<u16>,
@@ -80,11 +85,17 @@ pub struct DiscoveryConfig {
 impl DiscoveryConfig {
     /// Default DNS re-resolution interval: 5 s.
     pub const DEFAULT_INTERVAL_MS: u64 = 5_000;
+    /// Default DNS lookup timeout: 2 s.
+    pub const DEFAULT_LOOKUP_TIMEOUT_MS: u64 = 2_000;
     /// Default drain grace: 30 s, Kubernetes' default termination grace.
     pub const DEFAULT_DRAIN_GRACE_MS: u64 = 30_000;
 
     fn default_interval_ms() -> u64 {
         Self::DEFAULT_INTERVAL_MS
+    }
+
+    fn default_lookup_timeout_ms() -> u64 {
+        Self::DEFAULT_LOOKUP_TIMEOUT_MS
     }
 
     fn default_drain_grace_ms() -> u64 {
@@ -98,6 +109,7 @@ impl Default for DiscoveryConfig {
             source: SourceKind::default(),
             name: None,
             interval_ms: Self::DEFAULT_INTERVAL_MS,
+            lookup_timeout_ms: Self::DEFAULT_LOOKUP_TIMEOUT_MS,
             port: None,
             namespace: None,
             service: None,

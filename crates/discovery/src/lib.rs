@@ -19,12 +19,17 @@
 //!
 //! No gateway types here: this crate sits below the gateway and beside the routing core.
 
+pub mod address;
 pub mod config;
+pub mod dns;
 pub mod endpoint;
+pub mod publish;
 pub mod source;
 pub mod static_list;
 pub mod validate;
 
 pub use config::{DiscoveryConfig, SourceKind};
+pub use dns::{DnsSource, Resolver, SystemResolver};
 pub use endpoint::{Endpoint, EndpointSet};
+pub use publish::Publisher;
 pub use source::{DiscoveryError, Source};
