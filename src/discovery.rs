@@ -4,26 +4,37 @@
 //! Invariant: a source that cannot start is a start-up error of its pool, logged with the key
 //! to fix; the gateway still serves its other pools.
 
-use kvgate_discovery::{DiscoveryConfig, DiscoveryError, EndpointSet, SourceKind};
+use kvgate_discovery::{
+    DiscoveryConfig, DiscoveryError, DnsSource, EndpointSet, Source, SourceKind, SystemResolver,
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+/// A running source: the sets it publishes, and its task.
+pub type Running = (watch::Receiver<EndpointSet>, tokio::task::JoinHandle<()>);
+
 /// Starts the source `cfg` names; it runs until `token` is cancelled.
-pub fn start(
-    cfg: &DiscoveryConfig,
-    token: CancellationToken,
-) -> Result<(watch::Receiver<EndpointSet>, tokio::task::JoinHandle<()>), DiscoveryError> {
+pub fn start(cfg: &DiscoveryConfig, token: CancellationToken) -> Result<Running, DiscoveryError> {
     cfg.validate()?;
-    let (_tx, rx) = watch::channel(EndpointSet::default());
-    let _ = token;
-    match cfg.source {
-        SourceKind::Static => Err(DiscoveryError::Config {
-            key: "source",
-            message: "a static pool lists its instances; it has no source to start".into(),
-        }),
-        kind => Err(DiscoveryError::Unavailable(format!(
-            "the {kind:?} source is not built into this gateway"
-        ))),
-    }
-    .map(|()| (rx, tokio::spawn(async {})))
+    let (tx, rx) = watch::channel(EndpointSet::default());
+    let task = match cfg.source {
+        SourceKind::Dns => {
+            let source = DnsSource::new(cfg, SystemResolver)?;
+            tokio::spawn(source.run(tx, async move { token.cancelled().await }))
+        }
+        SourceKind::Static => {
+            return Err(DiscoveryError::Config {
+                key: "source",
+                message: "a static pool lists its instances; it has no source to start".into(),
+            })
+        }
+        SourceKind::Kubernetes => {
+            return Err(DiscoveryError::Unavailable(
+                "source = \"kubernetes\" is not available yet; use \"dns\" with the engines' \
+                 headless Service"
+                    .into(),
+            ))
+        }
+    };
+    Ok((rx, task))
 }
