@@ -17,6 +17,10 @@ pub const BODY_LIMIT_BYTES: &str = "KVGATE_BODY_LIMIT_BYTES";
 pub const SHUTDOWN_GRACE_MS: &str = "KVGATE_SHUTDOWN_GRACE_MS";
 /// `server.threads`: serving threads (0 = one per core).
 pub const THREADS: &str = "KVGATE_THREADS";
+/// `server.tls.cert_file`: PEM certificate chain; setting it turns TLS on.
+pub const TLS_CERT_FILE: &str = "KVGATE_TLS_CERT_FILE";
+/// `server.tls.key_file`: PEM private key; setting it turns TLS on.
+pub const TLS_KEY_FILE: &str = "KVGATE_TLS_KEY_FILE";
 /// `upstream.max_attempts`: attempts per request (1 = no retry).
 pub const MAX_ATTEMPTS: &str = "KVGATE_MAX_ATTEMPTS";
 /// `routing.policy.name`: routing policy (`kvgate`, `round_robin`, ...).
@@ -34,6 +38,8 @@ pub const OVERRIDES: &[&str] = &[
     BODY_LIMIT_BYTES,
     SHUTDOWN_GRACE_MS,
     THREADS,
+    TLS_CERT_FILE,
+    TLS_KEY_FILE,
     MAX_ATTEMPTS,
     POLICY,
     HASH_MODE,
