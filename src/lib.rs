@@ -52,6 +52,8 @@
 //!   with fault and retry-safety.
 //! - [`events`] — engine KV event ingestion (`crates/events`) wired to the fleet: one source per
 //!   instance with `kv_events`, started with the background tasks, shown in `/admin/index`.
+//! - [`tls`] — rustls on the listener: TLS 1.2/1.3, ALPN `h2` and `http/1.1`, client
+//!   certificates, certificate reloading.
 //! - [`metrics`] — every metric name, help text and bucket set.
 //! - [`config`] — one typed [`config::Config`]; defaults in one place; TOML < `KVGATE_*` env < flags.
 //! - [`alloc`] — the binaries' global allocator (mimalloc through its unaligned fast paths).
@@ -88,3 +90,4 @@ pub mod metrics;
 pub mod proxy;
 pub mod ratelimit;
 pub mod routing;
+pub mod tls;

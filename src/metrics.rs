@@ -58,6 +58,10 @@ pub const CONNECTIONS_OPEN: &str = "kvgate_connections_open";
 /// Client connections the gateway closed because a limit was hit, by reason (one of
 /// [`CLOSE_REASONS`]).
 pub const CONNECTIONS_CLOSED: &str = "kvgate_connections_closed_total";
+/// TLS handshakes with clients that failed, by reason (`timeout` or `error`).
+pub const TLS_HANDSHAKE_FAILURES: &str = "kvgate_tls_handshake_failures_total";
+/// Reloads of the listener's certificate and key, by outcome (`ok` or `error`).
+pub const TLS_RELOADS: &str = "kvgate_tls_cert_reloads_total";
 /// Request body bytes held in the in-flight body budget, as of the scrape.
 pub const BODY_BUDGET_IN_FLIGHT: &str = "kvgate_body_budget_in_flight_bytes";
 /// Instances of a pool by state (`serving`, `draining`), as of the last membership change.
@@ -104,6 +108,17 @@ impl CloseReason {
 /// A connection closed because a limit was hit (rare: the registry lookup is fine here).
 pub fn record_connection_closed(reason: CloseReason) {
     counter!(CONNECTIONS_CLOSED, "reason" => reason.label()).increment(1);
+}
+
+/// Counts a failed client TLS handshake: `timed_out` or another failure.
+pub fn record_tls_handshake_failure(timed_out: bool) {
+    let reason = if timed_out { "timeout" } else { "error" };
+    counter!(TLS_HANDSHAKE_FAILURES, "reason" => reason).increment(1);
+}
+
+/// Counts a certificate reload attempt on a change of the files.
+pub fn record_tls_reload(ok: bool) {
+    counter!(TLS_RELOADS, "outcome" => if ok { "ok" } else { "error" }).increment(1);
 }
 
 /// Sets the connection and body-budget gauges. Set when `/metrics` is scraped, not moved per
@@ -221,6 +236,14 @@ fn build() -> Result<PrometheusHandle, String> {
     describe_counter!(
         CONNECTIONS_CLOSED,
         "Client connections closed because a limit was hit, by reason."
+    );
+    describe_counter!(
+        TLS_HANDSHAKE_FAILURES,
+        "Client TLS handshakes that failed, by reason."
+    );
+    describe_counter!(
+        TLS_RELOADS,
+        "Reloads of the listener's certificate and key after the files changed, by outcome."
     );
     describe_gauge!(
         BODY_BUDGET_IN_FLIGHT,

@@ -19,6 +19,10 @@ pub const SHUTDOWN_GRACE_MS: &str = "KVGATE_SHUTDOWN_GRACE_MS";
 pub const DRAIN_DELAY_MS: &str = "KVGATE_DRAIN_DELAY_MS";
 /// `server.threads`: serving threads (0 = one per core).
 pub const THREADS: &str = "KVGATE_THREADS";
+/// `server.tls.cert_file`: PEM certificate chain; setting it turns TLS on.
+pub const TLS_CERT_FILE: &str = "KVGATE_TLS_CERT_FILE";
+/// `server.tls.key_file`: PEM private key; setting it turns TLS on.
+pub const TLS_KEY_FILE: &str = "KVGATE_TLS_KEY_FILE";
 /// `upstream.max_attempts`: attempts per request (1 = no retry).
 pub const MAX_ATTEMPTS: &str = "KVGATE_MAX_ATTEMPTS";
 /// `routing.policy.name`: routing policy (`kvgate`, `round_robin`, ...).
@@ -41,6 +45,8 @@ pub const OVERRIDES: &[&str] = &[
     SHUTDOWN_GRACE_MS,
     DRAIN_DELAY_MS,
     THREADS,
+    TLS_CERT_FILE,
+    TLS_KEY_FILE,
     MAX_ATTEMPTS,
     POLICY,
     HASH_MODE,

@@ -14,6 +14,7 @@ mod pools;
 mod ratelimit;
 mod routing;
 mod server;
+mod tls;
 mod upstream;
 
 pub use admission::AdmissionConfig;
@@ -22,6 +23,7 @@ pub use pools::{Flavour, InstanceConfig, PoolConfig, SimConfig};
 pub use ratelimit::RateLimitsConfig;
 pub use routing::{HashMode, IndexSection, RoutingConfig, TokenizeSection};
 pub use server::{LimitsConfig, LogFormat, ServerConfig};
+pub use tls::{ClientAuth, ServerTlsConfig};
 pub use upstream::{HealthConfig, LoadConfig, UpstreamConfig};
 
 use serde::{Deserialize, Serialize};
@@ -164,6 +166,18 @@ impl Config {
         if let Some(v) = lookup(env::THREADS) {
             self.server.threads = parse(env::THREADS, "server.threads", &v)?;
         }
+        if let Some(v) = lookup(env::TLS_CERT_FILE) {
+            self.server
+                .tls
+                .get_or_insert_with(Default::default)
+                .cert_file = v;
+        }
+        if let Some(v) = lookup(env::TLS_KEY_FILE) {
+            self.server
+                .tls
+                .get_or_insert_with(Default::default)
+                .key_file = v;
+        }
         if let Some(v) = lookup(env::MAX_ATTEMPTS) {
             self.upstream.max_attempts = parse(env::MAX_ATTEMPTS, "upstream.max_attempts", &v)?;
         }
@@ -213,6 +227,9 @@ impl Config {
             ));
         }
         s.limits.validate()?;
+        if let Some(tls) = &s.tls {
+            tls.validate()?;
+        }
         if http::HeaderName::from_bytes(s.request_id_header.as_bytes()).is_err() {
             return Err(invalid(
                 "server.request_id_header",

@@ -50,6 +50,8 @@ pub struct ServerConfig {
     pub threads: usize,
     /// Timeouts, the connection cap, TCP keepalive and the in-flight body budget.
     pub limits: LimitsConfig,
+    /// TLS on the listener; absent: plain HTTP.
+    pub tls: Option<super::ServerTlsConfig>,
 }
 
 impl Default for ServerConfig {
@@ -64,6 +66,7 @@ impl Default for ServerConfig {
             request_id_header: "x-request-id".to_string(),
             threads: 0,
             limits: LimitsConfig::default(),
+            tls: None,
         }
     }
 }

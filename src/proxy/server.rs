@@ -12,6 +12,13 @@
 //! - Every accepted connection takes a place under `server.limits.max_connections` before it is
 //!   handed to a worker, and holds it until it closes; beyond the cap it is answered a 503 on the
 //!   acceptor's runtime and closed (see [`super::limits`]).
+//! - With `[server.tls]` every connection is a TLS one: its handshake runs on its worker under
+//!   `server.tls.handshake_timeout_ms`, holding its place under the cap; a failed handshake is
+//!   counted and logged at debug, and closes only that connection. Over the cap a TLS
+//!   connection is closed unanswered (a plaintext 503 means nothing to a TLS client). After
+//!   the handshake, ALPN `h2` goes to hyper's HTTP/2, anything else to the HTTP/1.1 loop.
+//! - Certificates are re-read on `server.tls.reload_interval_ms` by a task on the caller's
+//!   runtime (see [`crate::tls::reload`]); open connections keep the pair they shook hands with.
 //! - Shutdown: the acceptor stops accepting, every worker drains its connections for up to
 //!   `server.shutdown_grace_ms`, then drops what is left; [`run`] returns once every worker exited.
 
@@ -19,6 +26,8 @@ use super::h1;
 use super::limits::ConnectionPermit;
 use super::service::GatewayService;
 use crate::app::{self, AppState};
+use crate::metrics::{self, CloseReason};
+use crate::tls::server::{ServerTls, ALPN_H2};
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -38,7 +47,24 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let threads = threads.max(1);
+    let tls = match &state.config.server.tls {
+        Some(c) => Some(Handshakes {
+            tls: ServerTls::new(c).map_err(|e| {
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("server.tls: {e}"))
+            })?,
+            timeout: Duration::from_millis(c.handshake_timeout_ms),
+        }),
+        None => None,
+    };
     let token = CancellationToken::new();
+    let reload = match (&tls, &state.config.server.tls) {
+        (Some(h), Some(c)) => Some(tokio::spawn(crate::tls::reload::watch(
+            h.tls.pair.clone(),
+            Duration::from_millis(c.reload_interval_ms),
+            token.clone(),
+        ))),
+        _ => None,
+    };
     let gossip = app::start_gossip(&state).await?;
     let background = app::spawn_background(&state, token.clone());
     let grace = Duration::from_millis(state.config.server.shutdown_grace_ms);
@@ -51,12 +77,12 @@ pub async fn run(
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let (state, stop) = (state.clone(), token.clone());
+        let (state, stop, tls) = (state.clone(), token.clone(), tls.clone());
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         std::thread::Builder::new()
             .name(format!("kvgate-io-{i}"))
             .spawn(move || {
-                rt.block_on(worker(rx, state, stop, grace));
+                rt.block_on(worker(rx, state, stop, grace, tls));
                 // Connections still open after the grace period are dropped with the runtime.
                 drop(rt);
                 let _ = done_tx.send(());
@@ -77,7 +103,11 @@ pub async fn run(
                 }
             };
             let Some(permit) = state.limits.admit() else {
-                state.limits.refuse(stream);
+                if tls.is_some() {
+                    metrics::record_connection_closed(CloseReason::OverCapacity);
+                } else {
+                    state.limits.refuse(stream);
+                }
                 continue;
             };
             state.limits.configure(&stream);
@@ -113,7 +143,7 @@ pub async fn run(
     for done in workers {
         let _ = done.await;
     }
-    for h in background {
+    for h in background.into_iter().chain(reload) {
         h.abort();
     }
     if let Some(g) = gossip {
@@ -122,14 +152,23 @@ pub async fn run(
     Ok(())
 }
 
+/// The listener's TLS and its handshake bound.
+#[derive(Clone)]
+struct Handshakes {
+    tls: ServerTls,
+    timeout: Duration,
+}
+
 /// One worker: serves the connections handed to it until shutdown, then drains for `grace`.
 /// Each connection starts on kvgate's HTTP/1.1 loop ([`super::h1`]), which hands it to hyper
-/// (HTTP/1.1, or HTTP/2 with prior knowledge) at its first request that loop does not serve.
+/// (HTTP/1.1, or HTTP/2 with prior knowledge) at its first request that loop does not serve;
+/// under TLS, after its handshake, unless ALPN chose HTTP/2 (straight to hyper).
 async fn worker(
     mut incoming: mpsc::UnboundedReceiver<(std::net::TcpStream, ConnectionPermit)>,
     state: AppState,
     token: CancellationToken,
     grace: Duration,
+    tls: Option<Handshakes>,
 ) {
     // The upstream client's first-byte deadlines on this thread are swept by this task. Its own
     // timer, always due within a sweep period, also keeps arming the (minutes away) idle timers
@@ -168,7 +207,35 @@ async fn worker(
         let Ok(stream) = TcpStream::from_std(std) else {
             continue;
         };
-        tokio::spawn(h1::serve(stream, conns.clone(), graceful.watcher(), permit));
+        match &tls {
+            None => {
+                tokio::spawn(h1::serve(stream, conns.clone(), graceful.watcher(), permit));
+            }
+            Some(h) => {
+                let handshake = tokio::time::timeout(h.timeout, h.tls.acceptor.accept(stream));
+                let (conns, watcher) = (conns.clone(), graceful.watcher());
+                tokio::spawn(async move {
+                    let stream = match handshake.await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            metrics::record_tls_handshake_failure(false);
+                            tracing::debug!("TLS handshake failed: {e}");
+                            return;
+                        }
+                        Err(_) => {
+                            metrics::record_tls_handshake_failure(true);
+                            tracing::debug!("TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    if stream.get_ref().1.alpn_protocol() == Some(ALPN_H2) {
+                        h1::serve_h2(stream, conns, watcher, permit).await;
+                    } else {
+                        h1::serve(stream, conns, watcher, permit).await;
+                    }
+                });
+            }
+        }
     }
     drop(conns);
     // Every connection holds a watcher until it ends, so this waits for all of them.

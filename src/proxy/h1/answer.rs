@@ -14,7 +14,8 @@
 //!   answer (and with it the upstream request); bytes that arrive are kept, up to
 //!   [`MAX_HEAD_BYTES`], beyond which the socket is not read until the answer ends.
 
-use super::{MAX_HEAD_BYTES, READ_RESERVE};
+use super::wire::Wire;
+use super::MAX_HEAD_BYTES;
 use crate::proxy::body::GatewayBody;
 use crate::proxy::reply::Reply;
 use bytes::BytesMut;
@@ -22,9 +23,8 @@ use futures_util::FutureExt;
 use http::StatusCode;
 use http_body::Body;
 use http_body_util::BodyExt;
-use std::io::{self, IoSlice};
+use std::io;
 use std::time::Duration;
-use tokio::net::TcpStream;
 
 /// Data frames up to this size are copied behind the pending head or chunk prefix and sent with
 /// one write; larger ones are written from their own buffer.
@@ -33,8 +33,8 @@ const COPY_BYTES: usize = 16 * 1024;
 /// Writes `reply` to `stream`, relaying its body frame by frame, each write stalling at most
 /// `stall`. `Err`: the client is gone or stopped reading, or the body failed; the connection
 /// must close.
-pub async fn write(
-    stream: &mut TcpStream,
+pub async fn write<S: Wire>(
+    stream: &mut S,
     pending: &mut BytesMut,
     reply: Reply,
     close: bool,
@@ -69,7 +69,7 @@ pub async fn write(
         }
     };
     if bodiless {
-        return send(stream, &out, &[], stall).await;
+        return stream.send(&out, &[], stall).await;
     }
     let mut watching = true;
     loop {
@@ -79,13 +79,13 @@ pub async fn write(
             Some(f) => f,
             None => {
                 if !out.is_empty() {
-                    send(stream, &out, &[], stall).await?;
+                    stream.send(&out, &[], stall).await?;
                     out.clear();
                 }
                 tokio::select! {
                     biased;
                     f = body.frame() => f,
-                    gone = client_gone(stream, pending), if watching => {
+                    gone = stream.client_gone(pending), if watching => {
                         if gone {
                             return Err(io::ErrorKind::ConnectionAborted.into());
                         }
@@ -113,7 +113,7 @@ pub async fn write(
         if data.len() <= COPY_BYTES {
             out.extend_from_slice(&data);
         } else {
-            send(stream, &out, &data, stall).await?;
+            stream.send(&out, &data, stall).await?;
             out.clear();
         }
         if framing == Framing::Chunked {
@@ -123,7 +123,7 @@ pub async fn write(
         // pending bytes stay under two frames, and a stalled client is found by the write
         // deadline instead of being buffered for.
         if out.len() >= COPY_BYTES {
-            send(stream, &out, &[], stall).await?;
+            stream.send(&out, &[], stall).await?;
             out.clear();
         }
         if body.is_end_stream() {
@@ -134,55 +134,9 @@ pub async fn write(
         out.extend_from_slice(b"0\r\n\r\n");
     }
     if !out.is_empty() {
-        send(stream, &out, &[], stall).await?;
+        stream.send(&out, &[], stall).await?;
     }
     Ok(())
-}
-
-/// Writes `a` then `b`; fails with `TimedOut` when the socket accepts nothing for `stall`.
-async fn send(stream: &TcpStream, a: &[u8], b: &[u8], stall: Duration) -> io::Result<()> {
-    let (mut a, mut b) = (a, b);
-    while !a.is_empty() || !b.is_empty() {
-        let tried = if a.is_empty() {
-            stream.try_write(b)
-        } else if b.is_empty() {
-            stream.try_write(a)
-        } else {
-            stream.try_write_vectored(&[IoSlice::new(a), IoSlice::new(b)])
-        };
-        let n = match tried {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                // The socket buffer is full: the timer exists only then.
-                match tokio::time::timeout(stall, stream.writable()).await {
-                    Ok(r) => r?,
-                    Err(_) => return Err(io::ErrorKind::TimedOut.into()),
-                }
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        let from_a = n.min(a.len());
-        a = &a[from_a..];
-        b = &b[n - from_a..];
-    }
-    Ok(())
-}
-
-/// Waits until the client socket is readable; `true` when the client closed it or it failed,
-/// `false` after keeping what arrived in `pending`.
-async fn client_gone(stream: &TcpStream, pending: &mut BytesMut) -> bool {
-    if stream.readable().await.is_err() {
-        return true;
-    }
-    pending.reserve(READ_RESERVE);
-    match stream.try_read_buf(pending) {
-        Ok(0) => true,
-        Ok(_) => false,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
-        Err(_) => true,
-    }
 }
 
 /// How an answer's body is delimited.

@@ -28,6 +28,7 @@
 mod answer;
 pub mod head;
 mod prefixed;
+pub mod wire;
 
 use super::limits::io::{Counted, Deadlines, Guarded, Requests};
 use super::limits::{self, ConnectionPermit};
@@ -44,9 +45,9 @@ use prefixed::Prefixed;
 use std::io;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use wire::Wire;
 
 /// Most header fields in a request served here (hyper's default limit).
 pub const MAX_HEADERS: usize = 100;
@@ -75,8 +76,8 @@ pub struct Connections {
 /// hand-off to hyper. `watcher` is held for the connection's whole life, so that graceful
 /// shutdown waits for it, and watches it once handed off; `permit`, its place under the
 /// connection cap, likewise.
-pub async fn serve(
-    mut stream: TcpStream,
+pub async fn serve<S: Wire>(
+    mut stream: S,
     conns: Connections,
     watcher: Watcher,
     permit: ConnectionPermit,
@@ -102,13 +103,15 @@ pub async fn serve(
                 Parsed::Partial => buf.len() >= MAX_HEAD_BYTES,
             };
             if to_hyper {
+                // The loop hands off an HTTP/2 preface once its method is read.
+                let h2 = buf.starts_with(b"PRI ");
                 return Box::pin(hand_off(
                     stream,
                     buf.freeze(),
                     conns,
                     watcher,
                     permit,
-                    deadline,
+                    (!h2).then_some(deadline),
                 ))
                 .await;
             }
@@ -186,7 +189,7 @@ pub async fn serve(
 }
 
 /// Answers `e` to a request whose body is not (all) read, and closes the connection.
-async fn refuse(stream: &mut TcpStream, state: &AppState, endpoint: Endpoint, e: GatewayError) {
+async fn refuse<S: Wire>(stream: &mut S, state: &AppState, endpoint: Endpoint, e: GatewayError) {
     let reply = super::refusal(state, endpoint, e);
     let mut kept = BytesMut::new();
     if answer::write(stream, &mut kept, reply, true, state.limits.write)
@@ -197,15 +200,26 @@ async fn refuse(stream: &mut TcpStream, state: &AppState, endpoint: Endpoint, e:
     }
 }
 
-/// Gives the connection, with the bytes already read from it (a head begun, whose header
-/// deadline is `deadline`), to hyper, under the same limits.
-async fn hand_off(
-    stream: TcpStream,
+/// Serves `stream`, whose client chose HTTP/2 by ALPN, with hyper under the same limits.
+pub async fn serve_h2<S: Wire>(
+    stream: S,
+    conns: Connections,
+    watcher: Watcher,
+    permit: ConnectionPermit,
+) {
+    hand_off(stream, Bytes::new(), conns, watcher, permit, None).await
+}
+
+/// Gives the connection, with the bytes already read from it, to hyper, under the same limits:
+/// HTTP/1.1 when `deadline` is that of a head begun (or of the first head), HTTP/2 when it is
+/// `None` (a preface read, or chosen by ALPN).
+async fn hand_off<S: Wire>(
+    stream: S,
     read: Bytes,
     conns: Connections,
     watcher: Watcher,
     permit: ConnectionPermit,
-    deadline: Instant,
+    deadline: Option<Instant>,
 ) {
     let limits = &conns.service.state().limits;
     let deadlines = Deadlines {
@@ -213,8 +227,7 @@ async fn hand_off(
         header: limits.header,
         write: limits.write,
     };
-    // The loop hands off an HTTP/2 preface once its method is read, so these bytes are there.
-    let h2 = read.starts_with(b"PRI ");
+    let h2 = deadline.is_none();
     let requests = Arc::new(Requests::default());
     let prefixed = Prefixed {
         prefix: read,
@@ -226,7 +239,7 @@ async fn hand_off(
         deadlines,
         h2,
         // HTTP/2 waits for its first stream under the idle timeout, as between streams.
-        (!h2).then_some(deadline),
+        deadline,
     ));
     let service = Counted {
         inner: conns.service,

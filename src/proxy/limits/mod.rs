@@ -26,7 +26,7 @@ use bytes::Bytes;
 use socket2::{SockRef, TcpKeepalive};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -128,7 +128,7 @@ impl Limits {
 /// After an answer that ends the connection with part of the request unread: sends FIN, then
 /// reads and discards for a bounded time and size, so the client reads the answer instead of a
 /// reset.
-pub async fn linger(stream: &mut TcpStream) {
+pub async fn linger<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S) {
     let _ = stream.shutdown().await;
     let discard = async {
         let mut scratch = [0u8; 8192];
