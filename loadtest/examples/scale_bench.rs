@@ -97,7 +97,10 @@ async fn main() -> Result<()> {
     let trace = Trace::load(&a.trace).with_context(|| a.trace.clone())?;
     let builder = PromptBuilder::builtin(ApiKind::Chat, trace.block_tokens, 7)?;
     let mut rc = ReplayConfig::new(base.clone(), infos[0].model.clone());
-    rc.arrivals = Arrivals::Poisson { rate: a.rate, seed: 11 };
+    rc.arrivals = Arrivals::Poisson {
+        rate: a.rate,
+        seed: 11,
+    };
     rc.max_duration = Some(Duration::from_secs_f64(a.seconds));
     rc.request_timeout = Duration::from_secs(120);
     rc.drain_timeout = Duration::from_secs(60);
@@ -125,7 +128,8 @@ async fn main() -> Result<()> {
     // The replay's clock starts at its first send; the change times are on `t0`, a few ms before.
     let mut failed = 0usize;
     let mut first_on: std::collections::BTreeMap<String, f64> = Default::default();
-    let windows = (out.wall_s / a.window_s).ceil().max(1.0) as usize;
+    // Windows of send time: nothing is sent after `seconds`.
+    let windows = (a.seconds / a.window_s).ceil().max(1.0) as usize;
     let mut hit = vec![(0u64, 0u64); windows];
     let mut per_instance: std::collections::BTreeMap<String, usize> = Default::default();
     for r in &out.records {
@@ -153,12 +157,18 @@ async fn main() -> Result<()> {
     );
     for name in infos[8..12].iter().map(|i| &i.name) {
         match first_on.get(name) {
-            Some(t) => println!("  {name}: first request {:.2} s after it was added", t - up_at),
+            Some(t) => println!(
+                "  {name}: first request {:.2} s after it was added",
+                t - up_at
+            ),
             None => println!("  {name}: no request"),
         }
     }
     println!("  requests per instance: {per_instance:?}");
-    println!("hit ratio by {:.0} s window (cached / prompt tokens):", a.window_s);
+    println!(
+        "hit ratio by {:.0} s window (cached / prompt tokens):",
+        a.window_s
+    );
     for (i, (c, p)) in hit.iter().enumerate() {
         let ratio = if *p == 0 { 0.0 } else { *c as f64 / *p as f64 };
         let mark = {
