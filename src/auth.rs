@@ -167,6 +167,9 @@ pub enum KeysError {
     /// `KVGATE_API_KEYS` is not `key:tenant` pairs.
     #[error("{ENV_KEYS} must be comma-separated key:tenant pairs")]
     Env,
+    /// The admin token cannot be used.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 fn digest(key: &[u8]) -> [u8; 32] {
@@ -515,5 +518,64 @@ mod tests {
         let keys = Keys::load(&AuthConfig::default(), Some("x:y")).unwrap();
         let h = http::HeaderMap::new();
         assert!(keys.check(&OutHeaders::Map(&h)).unwrap().is_none());
+    }
+}
+
+/// Environment variable holding the admin token (wins over `auth.admin_token_file`).
+pub const ENV_ADMIN_TOKEN: &str = "KVGATE_ADMIN_TOKEN";
+
+/// Shortest admin token accepted, bytes.
+pub const MIN_ADMIN_TOKEN_BYTES: usize = 16;
+
+/// The admin token guarding `/admin/*` and `/metrics`, held as a SHA-256 digest; `Debug` shows
+/// only whether one is set.
+#[derive(Clone, Default)]
+pub struct AdminToken(Option<[u8; 32]>);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "AdminToken({})",
+            if self.0.is_some() { "set" } else { "none" }
+        )
+    }
+}
+
+impl AdminToken {
+    /// From `env` (the value of [`ENV_ADMIN_TOKEN`]) or else `cfg.admin_token_file`; none when
+    /// neither is set.
+    pub fn load(cfg: &AuthConfig, env: Option<&str>) -> Result<AdminToken, KeysError> {
+        let raw = match env.filter(|v| !v.trim().is_empty()) {
+            Some(v) => v.trim().to_string(),
+            None if cfg.admin_token_file.is_empty() => return Ok(AdminToken(None)),
+            None => std::fs::read_to_string(&cfg.admin_token_file)
+                .map_err(|e| KeysError::Invalid(format!("auth.admin_token_file: {e}")))?
+                .trim()
+                .to_string(),
+        };
+        if raw.len() < MIN_ADMIN_TOKEN_BYTES {
+            return Err(KeysError::Invalid(format!(
+                "the admin token must be at least {MIN_ADMIN_TOKEN_BYTES} bytes"
+            )));
+        }
+        Ok(AdminToken(Some(digest(raw.as_bytes()))))
+    }
+
+    /// True when a token is required.
+    pub fn is_set(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Whether `authorization` (the header's value) carries the token; always true when no token
+    /// is set. Constant time in the token.
+    pub fn allows(&self, authorization: Option<&[u8]>) -> bool {
+        let Some(want) = &self.0 else {
+            return true;
+        };
+        let Some(token) = authorization.and_then(|v| v.strip_prefix(b"Bearer ")) else {
+            return false;
+        };
+        bool::from(digest(token.trim_ascii()).ct_eq(want))
     }
 }

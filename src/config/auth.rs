@@ -22,6 +22,10 @@ pub struct AuthConfig {
     pub hide_disallowed_models: bool,
     /// Forward the client's `Authorization` / `x-api-key` to the instance (off: stripped).
     pub forward_client_key: bool,
+    /// A file holding the admin token (its content, trimmed; at least 16 bytes): when set (or
+    /// `KVGATE_ADMIN_TOKEN` is), `/admin/*` and `/metrics` need `Authorization: Bearer <token>`.
+    /// `/health` and `/ready` stay open for probes. Empty = no token.
+    pub admin_token_file: String,
 }
 
 impl Default for AuthConfig {
@@ -32,6 +36,7 @@ impl Default for AuthConfig {
             reload_interval_ms: 2000,
             hide_disallowed_models: false,
             forward_client_key: false,
+            admin_token_file: String::new(),
         }
     }
 }
