@@ -38,6 +38,8 @@ pub struct Principal {
     pub models: Option<Arc<[String]>>,
     /// The most urgent admission class the key may ask for; more urgent asks are lowered to it.
     pub max_priority: Option<Priority>,
+    /// The tenant's cache sharing, when its `[[tenants]]` entry chooses (else `auth.cache`).
+    pub cache: Option<crate::config::CacheSharing>,
 }
 
 impl Principal {
@@ -112,6 +114,8 @@ struct KeyEntry {
 struct TenantEntry {
     name: String,
     #[serde(default)]
+    cache: Option<crate::config::CacheSharing>,
+    #[serde(default)]
     requests_per_second: Option<u64>,
     #[serde(default)]
     tokens_per_minute: Option<u64>,
@@ -183,6 +187,7 @@ fn entry(key: &str, tenant: &str, models: Option<Vec<String>>) -> Entry {
             tenant: tenant.into(),
             models: models.map(Into::into),
             max_priority: None,
+            cache: None,
         },
     }
 }
@@ -247,6 +252,11 @@ fn parse_file(origin: &str, text: &str) -> Result<Loaded, KeysError> {
                 .find(|t| t.name == k.tenant)
                 .and_then(|t| t.max_priority)
         });
+        e.who.cache = file
+            .tenants
+            .iter()
+            .find(|t| t.name == k.tenant)
+            .and_then(|t| t.cache);
         entries.push(e);
     }
     Ok(Loaded { entries, tenants })
@@ -477,6 +487,31 @@ mod tests {
         assert!(e.contains("requests_per_second"), "{e}");
         let zero = "[[tenants]]\nname = \"z\"\nrequests_per_second = 0\n";
         assert!(parse_file("f", zero).is_err());
+    }
+
+    #[test]
+    fn cache_sharing_comes_from_the_tenant_entry() {
+        let text = r#"
+            [[tenants]]
+            name = "a"
+            cache = "isolated"
+
+            [[keys]]
+            key = "k1"
+            tenant = "a"
+
+            [[keys]]
+            key = "k2"
+            tenant = "b"
+        "#;
+        let keys = Keys::load(&on(), None).unwrap();
+        keys.replace("f", text).unwrap();
+        let c = |k: &[u8]| keys.lookup(k).unwrap().cache;
+        assert_eq!(c(b"k1"), Some(crate::config::CacheSharing::Isolated));
+        assert_eq!(c(b"k2"), None);
+        assert!(keys
+            .replace("f", "[[tenants]]\nname = \"x\"\ncache = \"private\"\n")
+            .is_err());
     }
 
     #[test]

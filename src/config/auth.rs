@@ -5,6 +5,19 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Whether a tenant's prompts may hit KV cache another tenant filled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheSharing {
+    /// One cache for all tenants: the most hits.
+    #[default]
+    Shared,
+    /// The tenant's own partition: kvgate mixes the tenant into its block hashes and sets the
+    /// engine's `cache_salt`, so another tenant's cached prefix never shortens its prefill (nor
+    /// reveals, by timing, that someone sent it).
+    Isolated,
+}
+
 /// Client authentication.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -26,6 +39,8 @@ pub struct AuthConfig {
     /// `KVGATE_ADMIN_TOKEN` is), `/admin/*` and `/metrics` need `Authorization: Bearer <token>`.
     /// `/health` and `/ready` stay open for probes. Empty = no token.
     pub admin_token_file: String,
+    /// Cache sharing of tenants whose `[[tenants]]` entry does not choose (`cache = ...`).
+    pub cache: CacheSharing,
 }
 
 impl Default for AuthConfig {
@@ -37,6 +52,7 @@ impl Default for AuthConfig {
             hide_disallowed_models: false,
             forward_client_key: false,
             admin_token_file: String::new(),
+            cache: CacheSharing::Shared,
         }
     }
 }
