@@ -193,3 +193,20 @@ pub async fn admission(State(s): State<AppState>) -> Response {
 pub async fn not_found(uri: Uri) -> Response {
     GatewayError::NotFound(uri.path().to_string()).into_response()
 }
+
+/// Lets a request to `/admin/*` or `/metrics` through only with the admin token, when one is set.
+pub async fn require_admin_token(
+    State(s): State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let auth = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    if s.admin_token.allows(auth) {
+        next.run(req).await
+    } else {
+        GatewayError::InvalidAdminToken.into_response()
+    }
+}

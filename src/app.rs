@@ -56,6 +56,8 @@ pub struct Shared {
     pub limits: proxy::limits::Limits,
     /// Client API keys (`[auth]`), reloaded in place.
     pub auth: Arc<crate::auth::Keys>,
+    /// The token `/admin/*` and `/metrics` need, if any.
+    pub admin_token: crate::auth::AdminToken,
     /// Set once shutdown starts: `/ready` fails from then on.
     draining: std::sync::atomic::AtomicBool,
     /// Per-tenant rate limits (`[rate_limits]` and the keys file's tenants).
@@ -107,6 +109,11 @@ impl AppState {
         let env_keys = std::env::var(crate::auth::ENV_KEYS).ok();
         let auth = crate::auth::Keys::load(&config.auth, env_keys.as_deref())
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
+        let admin_token = crate::auth::AdminToken::load(
+            &config.auth,
+            std::env::var(crate::auth::ENV_ADMIN_TOKEN).ok().as_deref(),
+        )
+        .map_err(|e| GatewayError::Internal(e.to_string()))?;
         let auth = Arc::new(auth);
         let rate_limits = Arc::new(crate::ratelimit::RateLimits::new(
             &config.rate_limits,
@@ -116,6 +123,7 @@ impl AppState {
         Ok(AppState(Arc::new(Shared {
             limits,
             auth,
+            admin_token,
             rate_limits,
             config: Arc::new(config),
             fleet,
@@ -167,7 +175,20 @@ impl AppState {
 
 /// The HTTP routes.
 pub fn router(state: AppState) -> axum::Router {
+    // Behind the admin token, when one is set: what reveals the fleet, the decisions and the load.
+    let guarded = axum::Router::new()
+        .route("/metrics", get(admin::metrics))
+        .route("/admin/instances", get(admin::instances))
+        .route("/admin/decisions", get(admin::decisions))
+        .route("/admin/index", get(admin::index))
+        .route("/admin/cluster", get(admin::cluster))
+        .route("/admin/admission", get(admin::admission))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            admin::require_admin_token,
+        ));
     axum::Router::new()
+        .merge(guarded)
         .route("/v1/chat/completions", post(proxy::chat))
         .route("/v1/completions", post(proxy::completions))
         .route("/v1/embeddings", post(proxy::embeddings))
@@ -175,12 +196,6 @@ pub fn router(state: AppState) -> axum::Router {
         .route("/v1/models", get(admin::models))
         .route("/health", get(admin::health))
         .route("/ready", get(admin::ready))
-        .route("/metrics", get(admin::metrics))
-        .route("/admin/instances", get(admin::instances))
-        .route("/admin/decisions", get(admin::decisions))
-        .route("/admin/index", get(admin::index))
-        .route("/admin/cluster", get(admin::cluster))
-        .route("/admin/admission", get(admin::admission))
         .fallback(admin::not_found)
         .with_state(state)
 }

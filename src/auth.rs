@@ -38,6 +38,8 @@ pub struct Principal {
     pub models: Option<Arc<[String]>>,
     /// The most urgent admission class the key may ask for; more urgent asks are lowered to it.
     pub max_priority: Option<Priority>,
+    /// The tenant's cache sharing, when its `[[tenants]]` entry chooses (else `auth.cache`).
+    pub cache: Option<crate::config::CacheSharing>,
 }
 
 impl Principal {
@@ -112,6 +114,8 @@ struct KeyEntry {
 struct TenantEntry {
     name: String,
     #[serde(default)]
+    cache: Option<crate::config::CacheSharing>,
+    #[serde(default)]
     requests_per_second: Option<u64>,
     #[serde(default)]
     tokens_per_minute: Option<u64>,
@@ -167,6 +171,9 @@ pub enum KeysError {
     /// `KVGATE_API_KEYS` is not `key:tenant` pairs.
     #[error("{ENV_KEYS} must be comma-separated key:tenant pairs")]
     Env,
+    /// The admin token cannot be used.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 fn digest(key: &[u8]) -> [u8; 32] {
@@ -180,6 +187,7 @@ fn entry(key: &str, tenant: &str, models: Option<Vec<String>>) -> Entry {
             tenant: tenant.into(),
             models: models.map(Into::into),
             max_priority: None,
+            cache: None,
         },
     }
 }
@@ -244,6 +252,11 @@ fn parse_file(origin: &str, text: &str) -> Result<Loaded, KeysError> {
                 .find(|t| t.name == k.tenant)
                 .and_then(|t| t.max_priority)
         });
+        e.who.cache = file
+            .tenants
+            .iter()
+            .find(|t| t.name == k.tenant)
+            .and_then(|t| t.cache);
         entries.push(e);
     }
     Ok(Loaded { entries, tenants })
@@ -477,6 +490,31 @@ mod tests {
     }
 
     #[test]
+    fn cache_sharing_comes_from_the_tenant_entry() {
+        let text = r#"
+            [[tenants]]
+            name = "a"
+            cache = "isolated"
+
+            [[keys]]
+            key = "k1"
+            tenant = "a"
+
+            [[keys]]
+            key = "k2"
+            tenant = "b"
+        "#;
+        let keys = Keys::load(&on(), None).unwrap();
+        keys.replace("f", text).unwrap();
+        let c = |k: &[u8]| keys.lookup(k).unwrap().cache;
+        assert_eq!(c(b"k1"), Some(crate::config::CacheSharing::Isolated));
+        assert_eq!(c(b"k2"), None);
+        assert!(keys
+            .replace("f", "[[tenants]]\nname = \"x\"\ncache = \"private\"\n")
+            .is_err());
+    }
+
+    #[test]
     fn max_priority_from_the_key_else_its_tenant() {
         let text = r#"
             [[tenants]]
@@ -515,5 +553,64 @@ mod tests {
         let keys = Keys::load(&AuthConfig::default(), Some("x:y")).unwrap();
         let h = http::HeaderMap::new();
         assert!(keys.check(&OutHeaders::Map(&h)).unwrap().is_none());
+    }
+}
+
+/// Environment variable holding the admin token (wins over `auth.admin_token_file`).
+pub const ENV_ADMIN_TOKEN: &str = "KVGATE_ADMIN_TOKEN";
+
+/// Shortest admin token accepted, bytes.
+pub const MIN_ADMIN_TOKEN_BYTES: usize = 16;
+
+/// The admin token guarding `/admin/*` and `/metrics`, held as a SHA-256 digest; `Debug` shows
+/// only whether one is set.
+#[derive(Clone, Default)]
+pub struct AdminToken(Option<[u8; 32]>);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "AdminToken({})",
+            if self.0.is_some() { "set" } else { "none" }
+        )
+    }
+}
+
+impl AdminToken {
+    /// From `env` (the value of [`ENV_ADMIN_TOKEN`]) or else `cfg.admin_token_file`; none when
+    /// neither is set.
+    pub fn load(cfg: &AuthConfig, env: Option<&str>) -> Result<AdminToken, KeysError> {
+        let raw = match env.filter(|v| !v.trim().is_empty()) {
+            Some(v) => v.trim().to_string(),
+            None if cfg.admin_token_file.is_empty() => return Ok(AdminToken(None)),
+            None => std::fs::read_to_string(&cfg.admin_token_file)
+                .map_err(|e| KeysError::Invalid(format!("auth.admin_token_file: {e}")))?
+                .trim()
+                .to_string(),
+        };
+        if raw.len() < MIN_ADMIN_TOKEN_BYTES {
+            return Err(KeysError::Invalid(format!(
+                "the admin token must be at least {MIN_ADMIN_TOKEN_BYTES} bytes"
+            )));
+        }
+        Ok(AdminToken(Some(digest(raw.as_bytes()))))
+    }
+
+    /// True when a token is required.
+    pub fn is_set(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Whether `authorization` (the header's value) carries the token; always true when no token
+    /// is set. Constant time in the token.
+    pub fn allows(&self, authorization: Option<&[u8]>) -> bool {
+        let Some(want) = &self.0 else {
+            return true;
+        };
+        let Some(token) = authorization.and_then(|v| v.strip_prefix(b"Bearer ")) else {
+            return false;
+        };
+        bool::from(digest(token.trim_ascii()).ct_eq(want))
     }
 }

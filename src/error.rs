@@ -126,6 +126,9 @@ pub enum GatewayError {
     /// `auth.enabled` and the request carried no key, or a key the gateway does not know.
     #[error("invalid or missing API key")]
     InvalidApiKey,
+    /// An admin token is configured and the request to `/admin/*` or `/metrics` did not carry it.
+    #[error("invalid or missing admin token")]
+    InvalidAdminToken,
     /// The key's tenant may not use this model.
     #[error("model `{0}` is not allowed for this API key")]
     ModelNotAllowed(String),
@@ -158,7 +161,7 @@ impl GatewayError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             UnknownModel(_) | NotFound(_) => StatusCode::NOT_FOUND,
-            InvalidApiKey => StatusCode::UNAUTHORIZED,
+            InvalidApiKey | InvalidAdminToken => StatusCode::UNAUTHORIZED,
             ModelNotAllowed(_) => StatusCode::FORBIDDEN,
             NoHealthyInstance { .. } => StatusCode::SERVICE_UNAVAILABLE,
             UpstreamConnect { .. } | UpstreamProtocol { .. } => StatusCode::BAD_GATEWAY,
@@ -184,6 +187,7 @@ impl GatewayError {
             | UnknownModel(_)
             | ModelRequired
             | InvalidApiKey
+            | InvalidAdminToken
             | ModelNotAllowed(_)
             | RateLimited(_)
             | NotFound(_) => Fault::Client,
@@ -241,7 +245,7 @@ impl GatewayError {
     pub fn audit_reason(&self) -> &'static str {
         use GatewayError::*;
         match self {
-            InvalidApiKey => "auth",
+            InvalidApiKey | InvalidAdminToken => "auth",
             ModelNotAllowed(_) | UnknownModel(_) | ModelRequired => "model",
             RateLimited(_) => "rate_limit",
             Overloaded { .. } => "admission",
@@ -286,6 +290,7 @@ impl GatewayError {
             Overloaded { .. } => "overloaded",
             TokenizerBusy { .. } => "tokenizer_busy",
             InvalidApiKey => "invalid_api_key",
+            InvalidAdminToken => "invalid_admin_token",
             ModelNotAllowed(_) => "model_not_allowed",
             RateLimited(_) => "rate_limit_exceeded",
         }
@@ -342,7 +347,10 @@ impl IntoResponse for GatewayError {
                 h.insert(n, v);
             });
         }
-        if matches!(self, GatewayError::InvalidApiKey) {
+        if matches!(
+            self,
+            GatewayError::InvalidApiKey | GatewayError::InvalidAdminToken
+        ) {
             h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         if self.closes_connection() {

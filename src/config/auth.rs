@@ -5,6 +5,19 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Whether a tenant's prompts may hit KV cache another tenant filled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheSharing {
+    /// One cache for all tenants: the most hits.
+    #[default]
+    Shared,
+    /// The tenant's own partition: kvgate mixes the tenant into its block hashes and sets the
+    /// engine's `cache_salt`, so another tenant's cached prefix never shortens its prefill (nor
+    /// reveals, by timing, that someone sent it).
+    Isolated,
+}
+
 /// Client authentication.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -22,6 +35,12 @@ pub struct AuthConfig {
     pub hide_disallowed_models: bool,
     /// Forward the client's `Authorization` / `x-api-key` to the instance (off: stripped).
     pub forward_client_key: bool,
+    /// A file holding the admin token (its content, trimmed; at least 16 bytes): when set (or
+    /// `KVGATE_ADMIN_TOKEN` is), `/admin/*` and `/metrics` need `Authorization: Bearer <token>`.
+    /// `/health` and `/ready` stay open for probes. Empty = no token.
+    pub admin_token_file: String,
+    /// Cache sharing of tenants whose `[[tenants]]` entry does not choose (`cache = ...`).
+    pub cache: CacheSharing,
 }
 
 impl Default for AuthConfig {
@@ -32,6 +51,8 @@ impl Default for AuthConfig {
             reload_interval_ms: 2000,
             hide_disallowed_models: false,
             forward_client_key: false,
+            admin_token_file: String::new(),
+            cache: CacheSharing::Shared,
         }
     }
 }

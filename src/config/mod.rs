@@ -18,7 +18,7 @@ mod tls;
 mod upstream;
 
 pub use admission::AdmissionConfig;
-pub use auth::AuthConfig;
+pub use auth::{AuthConfig, CacheSharing};
 pub use pools::{Flavour, InstanceConfig, PoolConfig, SimConfig};
 pub use ratelimit::RateLimitsConfig;
 pub use routing::{HashMode, IndexSection, RoutingConfig, TokenizeSection};

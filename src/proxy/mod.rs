@@ -24,6 +24,7 @@ pub mod body;
 pub mod date;
 pub mod h1;
 pub mod headers;
+pub mod isolation;
 pub mod json;
 pub mod limits;
 pub mod offload;
@@ -339,13 +340,25 @@ async fn forward(
     started: Instant,
 ) -> Result<Reply, GatewayError> {
     let bytes = req.body;
+    // An isolated tenant's requests are hashed and cached under a salt of its own.
+    let isolated = who.as_ref().and_then(|p| {
+        (p.cache.unwrap_or(state.config.auth.cache) == crate::config::CacheSharing::Isolated)
+            .then(|| p.tenant.clone())
+    });
     let ready = if state
         .offload
         .applies(state.routing.strictest_mode(), bytes.len())
     {
-        state.offload.ready(state, endpoint, bytes.clone()).await?
+        state
+            .offload
+            .ready(state, endpoint, bytes.clone(), isolated)
+            .await?
     } else {
-        offload::ready(state, endpoint, &bytes)?
+        offload::ready(state, endpoint, &bytes, isolated.as_deref())?
+    };
+    let bytes = match &ready.cache_salt {
+        Some(salt) => isolation::with_cache_salt(&bytes, salt)?,
+        None => bytes,
     };
     let pool = &state.fleet.pools()[ready.pool];
     if let Some(p) = &who {

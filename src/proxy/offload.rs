@@ -28,11 +28,25 @@ pub struct Ready {
     pub stream: bool,
     /// Its body's `priority` field, if any.
     pub priority: Option<i64>,
+    /// The cache salt to send the engine (isolated tenants only).
+    pub cache_salt: Option<String>,
 }
 
-/// Parses `body` as a request to `endpoint`, finds its pool and hashes its prompt there.
-pub fn ready(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Result<Ready, GatewayError> {
-    let input = parse::parse(endpoint, body)?;
+/// Parses `body` as a request to `endpoint`, finds its pool and hashes its prompt there; for an
+/// isolated tenant (`isolated`: its name), under the tenant's cache salt
+/// ([`super::isolation`]).
+pub fn ready(
+    state: &AppState,
+    endpoint: Endpoint,
+    body: &[u8],
+    isolated: Option<&str>,
+) -> Result<Ready, GatewayError> {
+    let mut input = parse::parse(endpoint, body)?;
+    let cache_salt =
+        isolated.map(|t| super::isolation::tenant_salt(t, input.cache_salt.as_deref()));
+    if let Some(salt) = &cache_salt {
+        input.cache_salt = Some(std::borrow::Cow::Owned(salt.clone()));
+    }
     let pool = state.fleet.pool_for(input.model.as_deref())?;
     let prep = state.routing.prepare(pool, &input)?;
     Ok(Ready {
@@ -40,6 +54,7 @@ pub fn ready(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Result<Ready,
         prep,
         stream: input.stream,
         priority: input.priority,
+        cache_salt,
     })
 }
 use bytes::Bytes;
@@ -88,6 +103,7 @@ impl Offload {
         state: &AppState,
         endpoint: Endpoint,
         body: Bytes,
+        isolated: Option<std::sync::Arc<str>>,
     ) -> Result<Ready, GatewayError> {
         let permit = match self.running.clone().try_acquire_owned() {
             Ok(p) => p,
@@ -113,7 +129,7 @@ impl Offload {
         let state = state.clone();
         let job = tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            ready(&state, endpoint, &body)
+            ready(&state, endpoint, &body, isolated.as_deref())
         });
         match job.await {
             Ok(r) => r,
@@ -161,8 +177,12 @@ mod tests {
             ..TokenizeSection::default()
         });
         assert!(s.offload.applies(s.routing.strictest_mode(), 1));
-        let here = ready(&s, Endpoint::Chat, &body()).unwrap();
-        let there = s.offload.ready(&s, Endpoint::Chat, body()).await.unwrap();
+        let here = ready(&s, Endpoint::Chat, &body(), None).unwrap();
+        let there = s
+            .offload
+            .ready(&s, Endpoint::Chat, body(), None)
+            .await
+            .unwrap();
         assert!(!here.prep.hashes.is_empty());
         assert_eq!(here.prep.hashes, there.prep.hashes);
         assert_eq!(here.prep.prompt_tokens, there.prep.prompt_tokens);
@@ -170,7 +190,7 @@ mod tests {
         // Bad input is the same error either way.
         let bad = s
             .offload
-            .ready(&s, Endpoint::Chat, Bytes::from_static(b"{"));
+            .ready(&s, Endpoint::Chat, Bytes::from_static(b"{"), None);
         assert_eq!(bad.await.err().map(|e| e.code()), Some("malformed_json"));
     }
 
@@ -185,12 +205,12 @@ mod tests {
         // The one tokenizing thread is taken.
         let held = s.offload.running.clone().try_acquire_owned().unwrap();
         // One prompt may wait, and gives up after the wait bound.
-        let waiter = s.offload.ready(&s, Endpoint::Chat, body());
+        let waiter = s.offload.ready(&s, Endpoint::Chat, body(), None);
         tokio::pin!(waiter);
         assert!(futures::poll!(&mut waiter).is_pending());
         assert_eq!(s.offload.waiting(), 1);
         // A second finds the queue full at once.
-        let full = s.offload.ready(&s, Endpoint::Chat, body()).await;
+        let full = s.offload.ready(&s, Endpoint::Chat, body(), None).await;
         assert!(matches!(
             full,
             Err(GatewayError::TokenizerBusy { queued: 1 })
@@ -200,6 +220,10 @@ mod tests {
         assert_eq!(s.offload.waiting(), 0);
         // Once the thread is free, prompts are served again.
         drop(held);
-        assert!(s.offload.ready(&s, Endpoint::Chat, body()).await.is_ok());
+        assert!(s
+            .offload
+            .ready(&s, Endpoint::Chat, body(), None)
+            .await
+            .is_ok());
     }
 }
