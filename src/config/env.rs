@@ -15,6 +15,11 @@ pub const LOG: &str = "KVGATE_LOG";
 pub const BODY_LIMIT_BYTES: &str = "KVGATE_BODY_LIMIT_BYTES";
 /// `server.shutdown_grace_ms`: how long in-flight requests may finish after a shutdown signal.
 pub const SHUTDOWN_GRACE_MS: &str = "KVGATE_SHUTDOWN_GRACE_MS";
+/// `gossip.advertise`: the address peers reach this replica at (in Kubernetes, the pod IP and
+/// gossip port, e.g. `$(POD_IP):7946`).
+pub const GOSSIP_ADVERTISE: &str = "KVGATE_GOSSIP_ADVERTISE";
+/// `gossip.previous_secrets`: comma-separated secrets still accepted while a new one rolls out.
+pub const GOSSIP_PREVIOUS_SECRETS: &str = "KVGATE_GOSSIP_PREVIOUS_SECRETS";
 /// `server.drain_delay_ms`: how long `/ready` fails before the listener closes on shutdown.
 pub const DRAIN_DELAY_MS: &str = "KVGATE_DRAIN_DELAY_MS";
 /// `server.threads`: serving threads (0 = one per core).
@@ -44,6 +49,8 @@ pub const OVERRIDES: &[&str] = &[
     BODY_LIMIT_BYTES,
     SHUTDOWN_GRACE_MS,
     DRAIN_DELAY_MS,
+    GOSSIP_ADVERTISE,
+    GOSSIP_PREVIOUS_SECRETS,
     THREADS,
     TLS_CERT_FILE,
     TLS_KEY_FILE,

@@ -207,6 +207,12 @@ impl Config {
         if let Some(v) = lookup(kvgate_gossip::ENV_SECRET).filter(|v| !v.is_empty()) {
             self.gossip.secret = v;
         }
+        if let Some(v) = lookup(env::GOSSIP_PREVIOUS_SECRETS).filter(|v| !v.is_empty()) {
+            self.gossip.previous_secrets = v.split(',').map(|s| s.trim().to_string()).collect();
+        }
+        if let Some(v) = lookup(env::GOSSIP_ADVERTISE).filter(|v| !v.is_empty()) {
+            self.gossip.advertise = v;
+        }
         Ok(())
     }
 
@@ -490,10 +496,19 @@ mod tests {
             (env::LISTEN, "0.0.0.0:9000"),
             (env::LOG_FORMAT, "json"),
             (env::MAX_ATTEMPTS, "5"),
+            (env::DRAIN_DELAY_MS, "5000"),
+            (env::GOSSIP_ADVERTISE, "10.1.2.3:7946"),
+            (env::GOSSIP_PREVIOUS_SECRETS, "old-secret-0123456789, older-secret-0123456"),
         ]
         .into();
         let mut c = Config::default();
         c.apply_env(|k| vars.get(k).map(|v| v.to_string())).unwrap();
+        assert_eq!(c.server.drain_delay_ms, 5000);
+        assert_eq!(c.gossip.advertise, "10.1.2.3:7946");
+        assert_eq!(
+            c.gossip.previous_secrets,
+            ["old-secret-0123456789", "older-secret-0123456"]
+        );
         assert_eq!(c.server.listen, "0.0.0.0:9000");
         assert_eq!(c.server.log_format, LogFormat::Json);
         assert_eq!(c.upstream.max_attempts, 5);
