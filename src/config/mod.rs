@@ -498,7 +498,10 @@ mod tests {
             (env::MAX_ATTEMPTS, "5"),
             (env::DRAIN_DELAY_MS, "5000"),
             (env::GOSSIP_ADVERTISE, "10.1.2.3:7946"),
-            (env::GOSSIP_PREVIOUS_SECRETS, "old-secret-0123456789, older-secret-0123456"),
+            (
+                env::GOSSIP_PREVIOUS_SECRETS,
+                "old-secret-0123456789, older-secret-0123456",
+            ),
         ]
         .into();
         let mut c = Config::default();
