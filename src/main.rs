@@ -236,9 +236,10 @@ async fn serve(mut cfg: Config, threads: usize) -> Result<()> {
             addr.ip().to_string()
         };
         println!(
-            "\nkvgate is up in front of a simulated fleet. Try:\n\n  curl -s http://{host}:{port}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'\n",
+            "\nkvgate is up in front of a simulated fleet. Try:\n\n  curl -s {scheme}://{host}:{port}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'\n",
             port = addr.port(),
             model = state.fleet.pools()[0].model,
+            scheme = if state.config.server.tls.is_some() { "https" } else { "http" },
         );
     }
     kvgate::proxy::server::run(listener, state, threads, shutdown_signal()).await?;

@@ -7,11 +7,15 @@ embedded fleet:
 2. engines that drop every connection after the first token: the client's stream raises
    `openai.APIError` carrying kvgate's `upstream_stream_broken` error event (instead of hanging or
    ending as if the answer were complete), and a non-streamed request is still answered or fails
-   with a clear status, never a hang.
+   with a clear status, never a hang;
+3. HTTPS with API keys: a certificate from a test CA made here with the openssl CLI; the client
+   trusts that CA (`openai.DefaultHttpxClient(verify=ca.pem)`), answers come back with the right key, a wrong
+   key raises `openai.AuthenticationError`, and `curl --cacert` reaches `/health`.
 """
 
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -36,7 +40,7 @@ def check(cond, msg):
     print(f"ok: {msg}", flush=True)
 
 
-def start(drop_rate):
+def start(drop_rate, extra="", ca=None):
     port = free_port()
     cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
     cfg.write(
@@ -44,7 +48,7 @@ def start(drop_rate):
 [server]
 listen = "127.0.0.1:{port}"
 log_filter = "warn"
-
+{extra}
 [sim]
 engines = 2
 time_scale = 50.0
@@ -55,11 +59,12 @@ drop_rate = {drop_rate}
     )
     cfg.close()
     proc = subprocess.Popen([BIN, "--config", cfg.name])
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if ca else 'http'}://127.0.0.1:{port}"
+    context = ssl.create_default_context(cafile=ca) if ca else None
     deadline = time.time() + 60
     while time.time() < deadline:
         try:
-            with urllib.request.urlopen(url + "/ready", timeout=2) as r:
+            with urllib.request.urlopen(url + "/ready", timeout=2, context=context) as r:
                 if r.status == 200:
                     return proc, url
         except OSError:
@@ -114,5 +119,75 @@ def main():
         proc.wait(timeout=30)
 
 
+def make_certs(d):
+    """A test CA and a server certificate for 127.0.0.1 signed by it; returns their paths."""
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    ca_key, ca, key, csr, cert = (os.path.join(d, n) for n in ("ca.key", "ca.pem", "key.pem", "req.csr", "cert.pem"))
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", "/CN=kvgate test CA")
+    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1")
+    ext = os.path.join(d, "ext.cnf")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    run("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+        "-out", cert, "-days", "2", "-extfile", ext)
+    return ca, cert, key
+
+
+def tls_with_keys():
+    d = tempfile.mkdtemp(prefix="kvgate-e2e-tls-")
+    ca, cert, key = make_certs(d)
+    keys = os.path.join(d, "keys.toml")
+    with open(keys, "w") as f:
+        f.write('[[keys]]\nkey = "sk-e2e-tenant-a-0123456789"\ntenant = "a"\n')
+    extra = f"""
+[server.tls]
+cert_file = "{cert}"
+key_file = "{key}"
+
+[auth]
+enabled = true
+keys_file = "{keys}"
+"""
+    proc, url = start(0.0, extra=extra, ca=ca)
+    try:
+        # The client's own HTTP stack, told to trust the test CA.
+        http = openai.DefaultHttpxClient(verify=ca)
+        client = openai.OpenAI(
+            base_url=url + "/v1", api_key="sk-e2e-tenant-a-0123456789",
+            max_retries=0, timeout=30, http_client=http,
+        )
+        m = model(client)
+        msgs = [{"role": "user", "content": "Say something."}]
+        plain = client.chat.completions.create(model=m, messages=msgs, max_tokens=8)
+        check(plain.choices[0].message.content is not None, "plain chat answered over TLS with a key")
+        chunks = list(
+            client.chat.completions.create(model=m, messages=msgs, max_tokens=8, stream=True)
+        )
+        check(len(chunks) >= 2, f"streamed chat over TLS in {len(chunks)} chunks")
+        wrong = openai.OpenAI(
+            base_url=url + "/v1", api_key="sk-wrong-wrong-wrong-wrong",
+            max_retries=0, timeout=30, http_client=http,
+        )
+        try:
+            wrong.chat.completions.create(model=m, messages=msgs, max_tokens=8)
+            check(False, "a wrong key is refused")
+        except openai.AuthenticationError as e:
+            check(e.status_code == 401, "a wrong key raises AuthenticationError (401)")
+        out = subprocess.run(
+            ["curl", "-sS", "--cacert", ca, url + "/health"], capture_output=True, text=True, timeout=30
+        )
+        check(out.returncode == 0 and out.stdout.strip() == "ok", f"curl --cacert reaches /health ({out.stderr.strip()})")
+        untrusted = subprocess.run(["curl", "-sS", url + "/health"], capture_output=True, timeout=30)
+        check(untrusted.returncode != 0, "curl without the CA refuses the certificate")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 if __name__ == "__main__":
     main()
+    tls_with_keys()
