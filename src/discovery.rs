@@ -13,9 +13,9 @@ use tokio_util::sync::CancellationToken;
 /// A running source: the sets it publishes, and its task.
 pub type Running = (watch::Receiver<EndpointSet>, tokio::task::JoinHandle<()>);
 
-/// Starts the source `cfg` names; it runs until `token` is cancelled.
+/// Starts the source `cfg` (validated with the rest of the config) names; it runs until `token`
+/// is cancelled.
 pub fn start(cfg: &DiscoveryConfig, token: CancellationToken) -> Result<Running, DiscoveryError> {
-    cfg.validate()?;
     let (tx, rx) = watch::channel(EndpointSet::default());
     let task = match cfg.source {
         SourceKind::Dns => {

@@ -80,18 +80,24 @@ def model(client):
     return client.models.list().data[0].id
 
 
+def answers_whole(client, how):
+    """A plain and a streamed chat completion come back whole; returns the model used."""
+    m = model(client)
+    msgs = [{"role": "user", "content": "Say something."}]
+    plain = client.chat.completions.create(model=m, messages=msgs, max_tokens=8)
+    check(plain.choices[0].message.content is not None, f"plain chat answered{how}")
+    chunks = list(
+        client.chat.completions.create(model=m, messages=msgs, max_tokens=8, stream=True)
+    )
+    check(len(chunks) >= 2, f"streamed chat answered{how} in {len(chunks)} chunks")
+    return m
+
+
 def main():
     proc, url = start(0.0)
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30)
-        m = model(client)
-        msgs = [{"role": "user", "content": "Say something."}]
-        plain = client.chat.completions.create(model=m, messages=msgs, max_tokens=8)
-        check(plain.choices[0].message.content is not None, "plain chat answered")
-        chunks = list(
-            client.chat.completions.create(model=m, messages=msgs, max_tokens=8, stream=True)
-        )
-        check(len(chunks) >= 2, f"streamed chat answered in {len(chunks)} chunks")
+        answers_whole(client, "")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -160,14 +166,8 @@ keys_file = "{keys}"
             base_url=url + "/v1", api_key="sk-e2e-tenant-a-0123456789",
             max_retries=0, timeout=30, http_client=http,
         )
-        m = model(client)
+        m = answers_whole(client, " over TLS with a key")
         msgs = [{"role": "user", "content": "Say something."}]
-        plain = client.chat.completions.create(model=m, messages=msgs, max_tokens=8)
-        check(plain.choices[0].message.content is not None, "plain chat answered over TLS with a key")
-        chunks = list(
-            client.chat.completions.create(model=m, messages=msgs, max_tokens=8, stream=True)
-        )
-        check(len(chunks) >= 2, f"streamed chat over TLS in {len(chunks)} chunks")
         wrong = openai.OpenAI(
             base_url=url + "/v1", api_key="sk-wrong-wrong-wrong-wrong",
             max_retries=0, timeout=30, http_client=http,
