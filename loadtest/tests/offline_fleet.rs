@@ -154,6 +154,7 @@ fn the_cli_runs_a_mixed_fleet_on_a_synthetic_workload() {
         index_capacity_factor: 2.0,
         expire_interval_ms: 60_000,
         no_floor: true,
+        instances: false,
         jobs: Some(2),
         json: None,
     };

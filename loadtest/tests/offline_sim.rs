@@ -149,6 +149,7 @@ fn cli_writes_a_json_report() {
         index_capacity_factor: 2.0,
         expire_interval_ms: 60_000,
         no_floor: false,
+        instances: false,
         jobs: Some(2),
         json: Some(out.clone()),
     };

@@ -100,6 +100,10 @@ pub struct OfflineArgs {
     /// Skip the no-queue TTFT floor (the slowest reference).
     #[arg(long)]
     pub no_floor: bool,
+    /// Also print one row per engine and policy: request and prompt-token share, mean prompt,
+    /// TTFT, E2E and hit ratio.
+    #[arg(long)]
+    pub instances: bool,
     /// Worker threads (default: available cores).
     #[arg(long)]
     pub jobs: Option<usize>,
@@ -383,6 +387,12 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
         std::fs::write(path, body).map_err(|e| out(e.to_string()))?;
     }
     println!("{}", summary_table(&report));
+    if args.instances {
+        println!(
+            "{}",
+            crate::offline::instances::instance_table(&report.results)
+        );
+    }
     Ok(report)
 }
 

@@ -476,6 +476,8 @@ pub fn simulate(
     let classes = class_results(
         fleet, &engines, &placed, &rejected, &ttft_us, &done_us, reqs,
     );
+    let instances =
+        super::instances::instance_results(&engines, &placed, &rejected, &ttft_us, &done_us, reqs);
     let makespan_s = last_done.max(now).saturating_sub(first_arrival) as f64 / 1e6;
     let total_reqs: u64 = per_instance.iter().sum();
     let instance_share: Vec<f64> = per_instance
@@ -521,6 +523,7 @@ pub fn simulate(
         router_best_ratio: ratio(router_best_tokens as f64, total_prompt_all as f64),
         instance_share,
         classes,
+        instances,
         share_max_over_mean: max_share / mean_share,
         load_spread: ratio(spread.weighted, spread.weight),
         busy: ratio(busy as f64, window),
@@ -590,7 +593,7 @@ fn class_results(
         .collect()
 }
 
-fn ratio(a: f64, b: f64) -> f64 {
+pub(crate) fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 {
         a / b
     } else {

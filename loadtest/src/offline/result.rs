@@ -60,6 +60,9 @@ pub struct PolicyResult {
     /// The same run by engine class (one entry for a fleet of one class), in fleet order.
     #[serde(default)]
     pub classes: Vec<ClassResult>,
+    /// Per engine, in fleet order: what it received and how its requests fared.
+    #[serde(default)]
+    pub instances: Vec<InstanceResult>,
     /// Largest instance share over the mean share (1 = perfectly even).
     pub share_max_over_mean: f64,
     /// Time-weighted max/mean in-flight requests over instances, over the run.
@@ -98,6 +101,23 @@ pub struct ClassResult {
     pub e2e_s: Dist,
     /// Prefix hit ratio of its engines, from their counters.
     pub hit_ratio: f64,
+}
+
+/// One engine's part of a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct InstanceResult {
+    /// Fraction of the routed requests it received.
+    pub request_share: f64,
+    /// Mean prompt length of those requests, tokens.
+    pub mean_prompt_tokens: f64,
+    /// Time to first token of the requests it served, seconds.
+    pub ttft_s: Dist,
+    /// End-to-end latency of the requests it served, seconds.
+    pub e2e_s: Dist,
+    /// The engine's own prefix hit ratio.
+    pub hit_ratio: f64,
+    /// Prompt tokens the engine computed (its prefill work: queried minus hit).
+    pub computed_tokens: u64,
 }
 
 /// Workload-level references no router can beat (or, for the LRU, hardly).
