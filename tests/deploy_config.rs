@@ -1,24 +1,27 @@
 //! Every `kvgate.toml` under `deploy/` (the files the Kubernetes manifests turn into the
 //! `kvgate-config` ConfigMap) is a valid kvgate config: every key known, every value valid.
 //!
-//! Each file is checked as the pod sees it: `__POD_IP__` replaced as the container's start
-//! command does, and the gossip secret set as the `kvgate-gossip` Secret does; then parsed and
-//! validated as the gateway's [`Config`], `[pools.discovery]` included.
+//! Each file is checked as the pod sees it: with the environment the base Deployment sets
+//! (`KVGATE_GOSSIP_ADVERTISE` from the pod IP, the gossip secret from the `kvgate-gossip`
+//! Secret); then parsed and validated as the gateway's [`Config`], `[pools.discovery]` included.
 
 use kvgate::config::Config;
 use std::path::{Path, PathBuf};
 
-/// What the container's start command puts in place of `__POD_IP__`.
-const POD_IP: &str = "10.0.0.1";
+/// What the Deployment's `KVGATE_GOSSIP_ADVERTISE` (`$(POD_IP):7946`) expands to.
+const ADVERTISE: &str = "10.0.0.1:7946";
 /// A gossip secret of the length the docs' `openssl rand -base64 32` gives.
 const SECRET: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
 
 /// Checks one deploy config file's text as the gateway reads it; the error names the problem.
 fn check(text: &str, origin: &str) -> Result<(), String> {
-    let text = text.replace("__POD_IP__", POD_IP);
-    let mut cfg = Config::from_toml_str(&text, origin).map_err(|e| e.to_string())?;
-    cfg.apply_env(|k| (k == kvgate_gossip::ENV_SECRET).then(|| SECRET.to_string()))
-        .map_err(|e| e.to_string())?;
+    let mut cfg = Config::from_toml_str(text, origin).map_err(|e| e.to_string())?;
+    cfg.apply_env(|k| match k {
+        kvgate_gossip::ENV_SECRET => Some(SECRET.to_string()),
+        kvgate::config::env::GOSSIP_ADVERTISE => Some(ADVERTISE.to_string()),
+        _ => None,
+    })
+    .map_err(|e| e.to_string())?;
     cfg.validate().map_err(|e| format!("{origin}: {e}"))?;
     if cfg.pools.is_empty() {
         return Err(format!(
@@ -59,7 +62,7 @@ fn every_deploy_config_is_valid() {
 
 #[test]
 fn mistakes_in_a_deploy_config_are_caught() {
-    let good = "[gossip]\nenabled = true\nbind = \"0.0.0.0:7946\"\nadvertise = \"__POD_IP__:7946\"\n\
+    let good = "[gossip]\nenabled = true\nbind = \"0.0.0.0:7946\"\n\
                 [[pools]]\nmodel = \"m\"\n[pools.discovery]\nsource = \"kubernetes\"\nservice = \"vllm\"\nport = 8000\n";
     check(good, "good").unwrap();
     for (bad, expect) in [
