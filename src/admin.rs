@@ -42,6 +42,7 @@ pub async fn metrics(State(s): State<AppState>) -> Response {
         inst.metrics.set_in_flight(load.snapshot(inst.id).in_flight);
     }
     metrics::set_limits_usage(s.limits.open_connections(), s.limits.budget.in_flight());
+    metrics::set_index_stats(&s.routing.index().stats());
     let mut r = s.metrics.render().into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,

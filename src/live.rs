@@ -142,7 +142,7 @@ fn stop_instance(state: &AppState, inst: &Arc<Instance>) {
     if let Some(g) = state.routing.gossip() {
         g.directory().remove(inst.id);
     }
-    metrics::set_instance_healthy(&inst.name, false);
+    inst.metrics.set_healthy(false);
     tracing::info!(instance = %inst.name, in_flight = state.routing.load().snapshot(inst.id).in_flight, "instance draining");
 }
 

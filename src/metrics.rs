@@ -70,6 +70,19 @@ pub const POOL_INSTANCES: &str = "kvgate_pool_instances";
 pub const DISCOVERY_CHANGES: &str = "kvgate_discovery_changes_total";
 /// 1 while a discovered pool's source refreshes, 0 while it fails (the last set is kept).
 pub const DISCOVERY_UP: &str = "kvgate_discovery_up";
+/// Placement index entries by source (`event`, `local`, `peer`), as of the scrape.
+pub const INDEX_ENTRIES: &str = "kvgate_index_entries";
+/// Distinct block hashes in the placement index, as of the scrape.
+pub const INDEX_BLOCKS: &str = "kvgate_index_blocks";
+/// Estimated heap bytes of the placement index, as of the scrape.
+pub const INDEX_MEMORY: &str = "kvgate_index_memory_bytes";
+/// Index entries evicted for capacity since start.
+pub const INDEX_EVICTED: &str = "kvgate_index_evicted_total";
+/// Predicted index entries expired since start.
+pub const INDEX_EXPIRED: &str = "kvgate_index_expired_total";
+
+/// Label values of [`INDEX_ENTRIES`], in `IndexStats::entries_by_source` order.
+const INDEX_SOURCES: [&str; 3] = ["event", "local", "peer"];
 
 /// Why the gateway closed a client connection (the label values of [`CONNECTIONS_CLOSED`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -262,7 +275,40 @@ fn build() -> Result<PrometheusHandle, String> {
         DISCOVERY_UP,
         "1 while the pool's discovery source refreshes, 0 while it fails (the last set is kept)."
     );
+    describe_gauge!(
+        INDEX_ENTRIES,
+        "Placement index (block, instance) entries by source (event, local, peer), as of the scrape."
+    );
+    describe_gauge!(
+        INDEX_BLOCKS,
+        "Distinct block hashes in the placement index, as of the scrape."
+    );
+    describe_gauge!(
+        INDEX_MEMORY,
+        metrics::Unit::Bytes,
+        "Estimated heap bytes held by the placement index, as of the scrape."
+    );
+    describe_counter!(
+        INDEX_EVICTED,
+        "Placement index entries evicted for capacity."
+    );
+    describe_counter!(
+        INDEX_EXPIRED,
+        "Predicted placement index entries expired by their TTL."
+    );
     Ok(handle)
+}
+
+/// Sets the placement index gauges from `stats`. Set when `/metrics` is scraped: the index's own
+/// counters are the truth, so nothing on the request path moves a metric for it.
+pub fn set_index_stats(stats: &kvgate_core::index::IndexStats) {
+    for (source, &n) in INDEX_SOURCES.iter().zip(&stats.entries_by_source) {
+        gauge!(INDEX_ENTRIES, "source" => *source).set(n as f64);
+    }
+    gauge!(INDEX_BLOCKS).set(stats.blocks as f64);
+    gauge!(INDEX_MEMORY).set(stats.memory_bytes as f64);
+    counter!(INDEX_EVICTED).absolute(stats.evicted);
+    counter!(INDEX_EXPIRED).absolute(stats.expired);
 }
 
 /// A discovered pool's membership after a change: instances serving and draining.
@@ -320,6 +366,7 @@ pub struct InstanceMetrics {
     duration: Vec<Histogram>,
     ttft: Histogram,
     in_flight: Gauge,
+    healthy: Gauge,
 }
 
 impl InstanceMetrics {
@@ -342,6 +389,7 @@ impl InstanceMetrics {
             duration,
             ttft: histogram!(TTFT, "pool" => pool.to_string(), "instance" => instance.to_string()),
             in_flight: gauge!(IN_FLIGHT, "instance" => instance.to_string()),
+            healthy: gauge!(INSTANCE_HEALTHY, "pool" => pool.to_string(), "instance" => instance.to_string()),
         }
     }
 
@@ -365,6 +413,11 @@ impl InstanceMetrics {
     /// costs each of them the cache line.
     pub fn set_in_flight(&self, requests: u32) {
         self.in_flight.set(f64::from(requests));
+    }
+
+    /// Current health: 1 usable, 0 unhealthy, ejected or draining.
+    pub fn set_healthy(&self, usable: bool) {
+        self.healthy.set(if usable { 1.0 } else { 0.0 });
     }
 }
 
@@ -455,15 +508,6 @@ pub fn record_retry(pool: &str, cause: &'static str) {
 /// A prediction was taken back.
 pub fn record_retraction() {
     counter!(RETRACTIONS).increment(1);
-}
-
-/// Current health of an instance.
-pub fn set_instance_healthy(instance: &str, usable: bool) {
-    gauge!(INSTANCE_HEALTHY, "instance" => instance.to_string()).set(if usable {
-        1.0
-    } else {
-        0.0
-    });
 }
 
 /// A passive ejection.

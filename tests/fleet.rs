@@ -205,9 +205,27 @@ async fn metrics_exposition_is_valid_prometheus() {
         "kvgate_routing_decision_duration_seconds_bucket",
         "kvgate_rejected_requests_total",
         "kvgate_instance_healthy",
+        "kvgate_index_blocks",
+        "kvgate_index_memory_bytes",
+        "kvgate_index_evicted_total",
     ] {
         assert!(text.contains(name), "{name} missing from:\n{text}");
     }
+    let healthy = text
+        .lines()
+        .find(|l| l.starts_with("kvgate_instance_healthy{"))
+        .unwrap_or_default();
+    assert!(healthy.contains("pool=\""), "no pool label: {healthy}");
+    let value = |prefix: &str| -> Option<f64> {
+        let line = text.lines().find(|l| l.starts_with(prefix))?;
+        line.rsplit(' ').next()?.parse().ok()
+    };
+    for source in ["event", "local", "peer"] {
+        let series = format!("kvgate_index_entries{{source=\"{source}\"}}");
+        assert!(value(&series).is_some(), "{series} missing:\n{text}");
+    }
+    // The index's shards are allocated at start: its estimate is never zero.
+    assert!(value("kvgate_index_memory_bytes").unwrap_or(0.0) > 0.0);
     assert!(text.contains("status=\"2xx\""));
     assert!(!text.contains("hello"), "prompt text leaked into labels");
 

@@ -11,7 +11,6 @@ use super::{models, scrape, Fleet, Instance};
 use crate::client::{HttpClient, SendError};
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::metrics;
 use ahash::{AHashMap, AHashSet};
 use futures_util::future::join_all;
 use kvgate_core::index::PlacementIndex;
@@ -57,7 +56,7 @@ pub fn spawn(probe: Probe, token: CancellationToken) -> Vec<tokio::task::JoinHan
 /// Makes a new serving instance known: its health gauge, and its configured cache capacity in
 /// the index.
 pub fn announce(inst: &Instance, config: &Config, index: &PlacementIndex) {
-    metrics::set_instance_healthy(&inst.name, true);
+    inst.metrics.set_healthy(true);
     if let Some(c) = inst.capacity() {
         index.set_instance_capacity(inst.id, config.routing.index.instance_capacity(c));
     }
@@ -114,7 +113,6 @@ async fn health_loop(p: Probe, token: CancellationToken) {
         let now = p.clock.now_ms();
         for (inst, ok) in round.iter().zip(results) {
             let streak = streaks.entry(inst.uid).or_default();
-            let was_usable = inst.health.usable(now);
             if let Some(v) = streak.observe(
                 ok,
                 inst.health.active_ok(),
@@ -132,12 +130,7 @@ async fn health_loop(p: Probe, token: CancellationToken) {
                 tracing::info!(instance = %inst.name, "ejected instance answers /health; ending ejection");
                 inst.health.set_active(true);
             }
-            let usable = inst.health.usable(now);
-            if usable != was_usable || !usable {
-                metrics::set_instance_healthy(&inst.name, usable);
-            } else {
-                metrics::set_instance_healthy(&inst.name, true);
-            }
+            inst.metrics.set_healthy(inst.health.usable(now));
         }
     }
 }

@@ -558,7 +558,7 @@ fn is_5xx_failure(status: StatusCode) -> bool {
 
 fn note_ejection(inst: &crate::fleet::Instance, eject_ms: u64, why: &str) {
     metrics::record_ejection(&inst.name);
-    metrics::set_instance_healthy(&inst.name, false);
+    inst.metrics.set_healthy(false);
     tracing::warn!(instance = %inst.name, "ejected for {eject_ms} ms after {why}");
 }
 
