@@ -41,6 +41,21 @@ pub const RATE_LIMIT_REQUESTS_PER_SECOND: &str = "KVGATE_RATE_LIMIT_REQUESTS_PER
 /// `rate_limits.tokens_per_minute`: default tokens per minute per tenant.
 pub const RATE_LIMIT_TOKENS_PER_MINUTE: &str = "KVGATE_RATE_LIMIT_TOKENS_PER_MINUTE";
 
+/// `server.limits.max_connections`: client connections open at once.
+pub const MAX_CONNECTIONS: &str = "KVGATE_MAX_CONNECTIONS";
+/// `server.limits.header_read_timeout_ms`: first byte of a request head to the complete head.
+pub const HEADER_READ_TIMEOUT_MS: &str = "KVGATE_HEADER_READ_TIMEOUT_MS";
+/// `server.limits.body_read_timeout_ms`: complete head to the complete declared body.
+pub const BODY_READ_TIMEOUT_MS: &str = "KVGATE_BODY_READ_TIMEOUT_MS";
+/// `server.limits.idle_timeout_ms`: between requests on a kept-alive connection.
+pub const IDLE_TIMEOUT_MS: &str = "KVGATE_IDLE_TIMEOUT_MS";
+/// `server.limits.write_timeout_ms`: how long an answer may wait for a client not reading.
+pub const WRITE_TIMEOUT_MS: &str = "KVGATE_WRITE_TIMEOUT_MS";
+/// `server.limits.body_budget_bytes`: request body bytes held in memory at once.
+pub const BODY_BUDGET_BYTES: &str = "KVGATE_BODY_BUDGET_BYTES";
+/// `server.limits.body_budget_wait_ms`: how long a body waits for room in the budget.
+pub const BODY_BUDGET_WAIT_MS: &str = "KVGATE_BODY_BUDGET_WAIT_MS";
+
 /// All variables applied as config overrides, in the order they are applied.
 pub const OVERRIDES: &[&str] = &[
     LISTEN,
@@ -60,4 +75,11 @@ pub const OVERRIDES: &[&str] = &[
     SIM_ENGINES,
     RATE_LIMIT_REQUESTS_PER_SECOND,
     RATE_LIMIT_TOKENS_PER_MINUTE,
+    MAX_CONNECTIONS,
+    HEADER_READ_TIMEOUT_MS,
+    BODY_READ_TIMEOUT_MS,
+    IDLE_TIMEOUT_MS,
+    WRITE_TIMEOUT_MS,
+    BODY_BUDGET_BYTES,
+    BODY_BUDGET_WAIT_MS,
 ];

@@ -204,6 +204,54 @@ impl Config {
                 &v,
             )?);
         }
+        let limits = &mut self.server.limits;
+        for (var, key, field) in [
+            (
+                env::MAX_CONNECTIONS,
+                "server.limits.max_connections",
+                &mut limits.max_connections,
+            ),
+            (
+                env::BODY_BUDGET_BYTES,
+                "server.limits.body_budget_bytes",
+                &mut limits.body_budget_bytes,
+            ),
+        ] {
+            if let Some(v) = lookup(var) {
+                *field = parse(var, key, &v)?;
+            }
+        }
+        for (var, key, field) in [
+            (
+                env::HEADER_READ_TIMEOUT_MS,
+                "server.limits.header_read_timeout_ms",
+                &mut limits.header_read_timeout_ms,
+            ),
+            (
+                env::BODY_READ_TIMEOUT_MS,
+                "server.limits.body_read_timeout_ms",
+                &mut limits.body_read_timeout_ms,
+            ),
+            (
+                env::IDLE_TIMEOUT_MS,
+                "server.limits.idle_timeout_ms",
+                &mut limits.idle_timeout_ms,
+            ),
+            (
+                env::WRITE_TIMEOUT_MS,
+                "server.limits.write_timeout_ms",
+                &mut limits.write_timeout_ms,
+            ),
+            (
+                env::BODY_BUDGET_WAIT_MS,
+                "server.limits.body_budget_wait_ms",
+                &mut limits.body_budget_wait_ms,
+            ),
+        ] {
+            if let Some(v) = lookup(var) {
+                *field = parse(var, key, &v)?;
+            }
+        }
         if let Some(v) = lookup(kvgate_gossip::ENV_SECRET).filter(|v| !v.is_empty()) {
             self.gossip.secret = v;
         }
@@ -502,6 +550,13 @@ mod tests {
                 env::GOSSIP_PREVIOUS_SECRETS,
                 "old-secret-0123456789, older-secret-0123456",
             ),
+            (env::MAX_CONNECTIONS, "500"),
+            (env::HEADER_READ_TIMEOUT_MS, "2000"),
+            (env::BODY_READ_TIMEOUT_MS, "3000"),
+            (env::IDLE_TIMEOUT_MS, "4000"),
+            (env::WRITE_TIMEOUT_MS, "5000"),
+            (env::BODY_BUDGET_BYTES, "1048576"),
+            (env::BODY_BUDGET_WAIT_MS, "250"),
         ]
         .into();
         let mut c = Config::default();
@@ -515,6 +570,32 @@ mod tests {
         assert_eq!(c.server.listen, "0.0.0.0:9000");
         assert_eq!(c.server.log_format, LogFormat::Json);
         assert_eq!(c.upstream.max_attempts, 5);
+        let l = &c.server.limits;
+        assert_eq!(
+            (
+                l.max_connections,
+                l.body_budget_bytes,
+                l.body_budget_wait_ms
+            ),
+            (500, 1 << 20, 250)
+        );
+        assert_eq!(
+            (
+                l.header_read_timeout_ms,
+                l.body_read_timeout_ms,
+                l.idle_timeout_ms,
+                l.write_timeout_ms
+            ),
+            (2000, 3000, 4000, 5000)
+        );
+        let e = c
+            .apply_env(|k| (k == env::IDLE_TIMEOUT_MS).then(|| "soon".to_string()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("KVGATE_IDLE_TIMEOUT_MS") && e.contains("server.limits.idle_timeout_ms"),
+            "{e}"
+        );
 
         let e = c
             .apply_env(|k| (k == env::BODY_LIMIT_BYTES).then(|| "lots".to_string()))
