@@ -43,6 +43,11 @@ pub async fn metrics(State(s): State<AppState>) -> Response {
     }
     metrics::set_limits_usage(s.limits.open_connections(), s.limits.budget.in_flight());
     metrics::set_index_stats(&s.routing.index().stats());
+    for p in s.fleet.pools() {
+        if let Some(stats) = s.routing.tokenizer_cache_stats(p.index) {
+            metrics::set_token_cache_stats(&p.model, &stats);
+        }
+    }
     let mut r = s.metrics.render().into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -80,6 +80,14 @@ pub const INDEX_MEMORY: &str = "kvgate_index_memory_bytes";
 pub const INDEX_EVICTED: &str = "kvgate_index_evicted_total";
 /// Predicted index entries expired since start.
 pub const INDEX_EXPIRED: &str = "kvgate_index_expired_total";
+/// Token cache lookups that found a segment's ids, by pool (token mode).
+pub const TOKEN_CACHE_HITS: &str = "kvgate_tokenizer_cache_hits_total";
+/// Token cache lookups that had to encode, by pool.
+pub const TOKEN_CACHE_MISSES: &str = "kvgate_tokenizer_cache_misses_total";
+/// Token cache segments evicted to stay within `routing.tokenizer_cache_bytes`, by pool.
+pub const TOKEN_CACHE_EVICTIONS: &str = "kvgate_tokenizer_cache_evictions_total";
+/// Bytes the token cache holds, by pool, as of the scrape.
+pub const TOKEN_CACHE_BYTES: &str = "kvgate_tokenizer_cache_bytes";
 
 /// Label values of [`INDEX_ENTRIES`], in `IndexStats::entries_by_source` order.
 const INDEX_SOURCES: [&str; 3] = ["event", "local", "peer"];
@@ -296,6 +304,23 @@ fn build() -> Result<PrometheusHandle, String> {
         INDEX_EXPIRED,
         "Predicted placement index entries expired by their TTL."
     );
+    describe_counter!(
+        TOKEN_CACHE_HITS,
+        "Token cache lookups that found a prompt segment's ids (token mode), by pool."
+    );
+    describe_counter!(
+        TOKEN_CACHE_MISSES,
+        "Token cache lookups that had to encode the segment, by pool."
+    );
+    describe_counter!(
+        TOKEN_CACHE_EVICTIONS,
+        "Token cache segments evicted to stay within routing.tokenizer_cache_bytes, by pool."
+    );
+    describe_gauge!(
+        TOKEN_CACHE_BYTES,
+        metrics::Unit::Bytes,
+        "Bytes the token cache holds, by pool, as of the scrape."
+    );
     Ok(handle)
 }
 
@@ -309,6 +334,15 @@ pub fn set_index_stats(stats: &kvgate_core::index::IndexStats) {
     gauge!(INDEX_MEMORY).set(stats.memory_bytes as f64);
     counter!(INDEX_EVICTED).absolute(stats.evicted);
     counter!(INDEX_EXPIRED).absolute(stats.expired);
+}
+
+/// Sets `pool`'s token cache series from `stats`, at scrape time (the cache's own counters are
+/// the truth).
+pub fn set_token_cache_stats(pool: &str, stats: &kvgate_tokenizer::CacheStats) {
+    counter!(TOKEN_CACHE_HITS, "pool" => pool.to_string()).absolute(stats.hits);
+    counter!(TOKEN_CACHE_MISSES, "pool" => pool.to_string()).absolute(stats.misses);
+    counter!(TOKEN_CACHE_EVICTIONS, "pool" => pool.to_string()).absolute(stats.evictions);
+    gauge!(TOKEN_CACHE_BYTES, "pool" => pool.to_string()).set(stats.bytes as f64);
 }
 
 /// A discovered pool's membership after a change: instances serving and draining.

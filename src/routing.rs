@@ -268,6 +268,11 @@ impl Routing {
         self.pools[pool].mode
     }
 
+    /// Counters and size of `pool`'s token cache (token mode with a cache only).
+    pub fn tokenizer_cache_stats(&self, pool: usize) -> Option<kvgate_tokenizer::CacheStats> {
+        self.pools.get(pool)?.tokens.as_ref()?.cache_stats()
+    }
+
     /// Current rates of an instance.
     pub fn rates(&self, id: InstanceId) -> InstanceRates {
         self.router.rates().rates(id)

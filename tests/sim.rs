@@ -116,6 +116,30 @@ async fn repeated_prefix(offload_min_bytes: usize) {
     assert!(cached[1].0 > 10, "gateway predicted no match: {cached:?}");
     assert!(cached[1].1 > 100, "engine reports no cache hit: {cached:?}");
 
+    // The second and third requests found the system message's token ids in the token cache,
+    // and `/metrics` says so.
+    let text = client()
+        .get(gw.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(name) && l.contains("pool=\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(-1.0)
+    };
+    assert!(value("kvgate_tokenizer_cache_hits_total") >= 2.0, "{text}");
+    assert!(
+        value("kvgate_tokenizer_cache_misses_total") >= 1.0,
+        "{text}"
+    );
+    assert!(value("kvgate_tokenizer_cache_bytes") > 0.0, "{text}");
+
     // Streaming through the gateway ends with [DONE].
     let body = serde_json::json!({
         "model": infos[0].model, "stream": true, "max_tokens": 3,
