@@ -236,14 +236,7 @@ mod tests {
         assert_eq!(key_of(&c), "port", "selector mode needs a port");
         c.port = Some(8000);
         c.validate().unwrap();
-        for bad in [
-            "",
-            "app=vllm,",
-            "=x",
-            "app=(",
-            "app=v;rm",
-            "a in (b",
-        ] {
+        for bad in ["", "app=vllm,", "=x", "app=(", "app=v;rm", "a in (b"] {
             c.selector = Some(bad.into());
             assert_eq!(key_of(&c), "selector", "{bad:?}");
         }
