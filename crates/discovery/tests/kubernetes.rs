@@ -40,7 +40,11 @@ struct Running {
 }
 
 fn start(c: &DiscoveryConfig) -> Running {
-    let source = KubernetesSource::with_limits(c, limits()).expect("source");
+    start_with(c, limits())
+}
+
+fn start_with(c: &DiscoveryConfig, limits: Limits) -> Running {
+    let source = KubernetesSource::with_limits(c, limits).expect("source");
     let (tx, rx) = watch::channel(EndpointSet::default());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(source.run(tx, async move {
@@ -589,4 +593,56 @@ async fn no_inference_pool_crd_at_all_is_a_clear_error() {
         failed.error.as_deref().unwrap().contains("CRD installed"),
         "{failed:?}"
     );
+}
+
+#[tokio::test]
+async fn a_paged_list_is_read_whole_and_the_object_limit_is_an_error() {
+    let api = FakeApi::start().await;
+    let p = |n: &str, ip: &str| pod(n, "1", ip, true, json!({}), json!({}));
+    api.page(PODS, "7", vec![p("a", "10.0.0.1")], "tok");
+    api.list(PODS, "7", vec![p("b", "10.0.0.2")]);
+    let _w = api.watch(PODS);
+    let c = cfg(&api, |c| {
+        c.selector = Some("app=vllm".into());
+        c.port = Some(8000);
+    });
+    let mut r = start(&c);
+    until(&mut r, "both pages", |s| {
+        has(s, &["a=http://10.0.0.1:8000", "b=http://10.0.0.2:8000"])
+    })
+    .await;
+    let lists = api.seen(PODS, false);
+    assert_eq!(lists[0].query["limit"], "500");
+    assert!(!lists[0].query.contains_key("continue"));
+    assert_eq!(lists[1].query["continue"], "tok");
+    poll("the watch", || !api.seen(PODS, true).is_empty()).await;
+    assert_eq!(api.seen(PODS, true)[0].query["resourceVersion"], "7");
+
+    let api = FakeApi::start().await;
+    api.list(
+        PODS,
+        "7",
+        vec![p("a", "10.0.0.1"), p("b", "10.0.0.2"), p("c", "10.0.0.3")],
+    );
+    let c = cfg(&api, |c| {
+        c.selector = Some("app=vllm".into());
+        c.port = Some(8000);
+    });
+    let mut r = start_with(
+        &c,
+        Limits {
+            max_objects: 2,
+            ..limits()
+        },
+    );
+    let failed = until(&mut r, "the limit", |s| s.error.is_some()).await;
+    assert!(
+        failed
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("more than 2 objects"),
+        "{failed:?}"
+    );
+    assert!(failed.endpoints.is_empty());
 }

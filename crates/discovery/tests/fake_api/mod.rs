@@ -182,6 +182,18 @@ impl FakeApi {
         );
     }
 
+    /// Scripts one LIST page that continues with `token`.
+    pub fn page(&self, path: &str, rv: &str, items: Vec<Value>, token: &str) {
+        self.push(
+            path,
+            false,
+            Reply::Json(
+                200,
+                json!({"kind": "List", "metadata": {"resourceVersion": rv, "continue": token}, "items": items}),
+            ),
+        );
+    }
+
     /// Scripts one error status for the next LIST (`watch = false`) or WATCH of `path`.
     pub fn status(&self, path: &str, watch: bool, code: u16, message: &str) {
         self.push(
