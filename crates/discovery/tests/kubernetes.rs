@@ -646,3 +646,43 @@ async fn a_paged_list_is_read_whole_and_the_object_limit_is_an_error() {
     );
     assert!(failed.endpoints.is_empty());
 }
+
+#[tokio::test]
+async fn the_token_file_is_read_again_on_every_reconnect() {
+    let dir = std::env::temp_dir().join(format!("kvgate-k8s-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token = dir.join("token");
+    std::fs::write(&token, "first\n").unwrap();
+    let api = FakeApi::start().await;
+    api.list(
+        PODS,
+        "5",
+        vec![pod("a", "5", "10.0.0.1", true, json!({}), json!({}))],
+    );
+    let w = api.watch(PODS);
+    let c = cfg(&api, |c| {
+        c.selector = Some("app=vllm".into());
+        c.port = Some(8000);
+        c.token_file = Some(token.clone());
+    });
+    let mut r = start(&c);
+    until(&mut r, "the list", |s| s.endpoints.len() == 1).await;
+    assert_eq!(
+        api.seen(PODS, false)[0].auth.as_deref(),
+        Some("Bearer first")
+    );
+    poll("the watch", || !api.seen(PODS, true).is_empty()).await;
+    std::fs::write(&token, "rotated").unwrap();
+    w.event(
+        "ADDED",
+        pod("b", "6", "10.0.0.2", true, json!({}), json!({})),
+    );
+    until(&mut r, "b", |s| s.endpoints.len() == 2).await;
+    w.abort();
+    poll("the second watch", || api.seen(PODS, true).len() >= 2).await;
+    assert_eq!(
+        api.seen(PODS, true)[1].auth.as_deref(),
+        Some("Bearer rotated")
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

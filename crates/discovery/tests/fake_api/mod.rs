@@ -8,7 +8,7 @@
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
-use axum::http::{StatusCode, Uri};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
@@ -33,6 +33,8 @@ pub struct Seen {
     pub path: String,
     pub watch: bool,
     pub query: HashMap<String, String>,
+    /// The `Authorization` header.
+    pub auth: Option<String>,
 }
 
 #[derive(Default)]
@@ -91,6 +93,7 @@ impl WatchTx {
 async fn handle(
     State(inner): State<Arc<Inner>>,
     uri: Uri,
+    headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
     let path = uri.path().to_string();
@@ -99,6 +102,10 @@ async fn handle(
         path: path.clone(),
         watch,
         query,
+        auth: headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
     });
     let reply = inner
         .replies
@@ -144,16 +151,22 @@ fn stream(rx: mpsc::UnboundedReceiver<Item>) -> Response {
 
 impl FakeApi {
     pub async fn start() -> FakeApi {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (api, app) = FakeApi::unserved(listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        api
+    }
+
+    /// The server's state and its router, for a test that serves it itself (over TLS) at
+    /// `addr`.
+    pub fn unserved(addr: SocketAddr) -> (FakeApi, axum::Router) {
         let inner = Arc::new(Inner::default());
         let app = axum::Router::new()
             .fallback(handle)
             .with_state(Arc::clone(&inner));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        FakeApi { addr, inner }
+        (FakeApi { addr, inner }, app)
     }
 
     pub fn url(&self) -> String {
