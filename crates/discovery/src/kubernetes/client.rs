@@ -101,9 +101,15 @@ impl Client {
         if let Some(t) = timeout {
             req = req.timeout(t);
         }
-        let resp = req
-            .send()
+        // A server that accepts and never answers must not hold a watch forever.
+        let resp = tokio::time::timeout(self.limits.response_timeout, req.send())
             .await
+            .map_err(|_| {
+                ApiError::Transport(format!(
+                    "no response within {} s",
+                    self.limits.response_timeout.as_secs_f64()
+                ))
+            })?
             .map_err(|e| ApiError::Transport(error_chain(&e)))?;
         if resp.status().as_u16() == 200 {
             return Ok(resp);

@@ -12,6 +12,11 @@ pub struct Limits {
     pub connect_timeout: Duration,
     /// One LIST page, request to last byte.
     pub list_timeout: Duration,
+    /// Request to response headers, for every request (a WATCH's body then streams).
+    pub response_timeout: Duration,
+    /// A watch that stayed open this long was healthy: when it ends, even with no event, the
+    /// next one starts at once rather than after a backoff.
+    pub healthy_watch: Duration,
     /// Objects per LIST page (`limit`); the rest follow with `continue`.
     pub list_page: u32,
     /// Bytes of one LIST page's body.
@@ -44,6 +49,8 @@ impl Default for Limits {
         Self {
             connect_timeout: Duration::from_secs(5),
             list_timeout: Duration::from_secs(30),
+            response_timeout: Duration::from_secs(30),
+            healthy_watch: Duration::from_secs(5),
             list_page: 500,
             max_list_bytes: 64 << 20,
             watch_timeout,

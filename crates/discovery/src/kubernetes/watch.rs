@@ -7,8 +7,9 @@
 //!   with the first complete LIST and stays true.
 //! - A failure keeps the objects and sets `error`; a 401/403 message names the verbs, resource,
 //!   API group and namespace to grant. The next successful LIST or WATCH clears it.
-//! - Every retry after a failure waits a capped, jittered exponential backoff; a disconnect after
-//!   events arrived re-watches at once from the last version (bookmarks included).
+//! - Every retry after a failure waits a capped, jittered exponential backoff; the end of a
+//!   watch that delivered events or stayed open for `healthy_watch` re-watches at once from the
+//!   last version (bookmarks included).
 //! - 410 Gone, as a status or as an `ERROR` event, relists; so does any event that could not be
 //!   applied (an oversized line, undecodable JSON, the object limit), since the map may be wrong.
 //! - A 404 on LIST tries the next API version in [`WatchSpec::apis`] (an `InferencePool` served
@@ -171,7 +172,15 @@ pub async fn run<T: Resource>(client: Arc<Client>, spec: WatchSpec, tx: watch::S
                 }
                 Ok(mut stream) => {
                     clear(&tx);
-                    follow(&mut stream, &mut reflector, &tx, api, &ns).await
+                    follow(
+                        &mut stream,
+                        &mut reflector,
+                        &tx,
+                        api,
+                        &ns,
+                        limits.healthy_watch,
+                    )
+                    .await
                 }
             };
             match after {
@@ -204,13 +213,17 @@ async fn follow<T: Resource>(
     tx: &watch::Sender<Watched<T>>,
     api: &Api,
     ns: &str,
+    healthy_after: std::time::Duration,
 ) -> After {
+    let opened = tokio::time::Instant::now();
     let mut got_any = false;
+    // Events arrived or it stayed open a while: resume at once. Otherwise do not spin on a
+    // server that closes every watch at once.
+    let healthy = |got_any: bool| got_any || opened.elapsed() >= healthy_after;
     loop {
         let lines = match stream.next_lines().await {
             Ok(Some(lines)) => lines,
-            Ok(None) if got_any => return After::Rewatch,
-            // Ended with nothing at all: do not spin on a server that closes at once.
+            Ok(None) if healthy(got_any) => return After::Rewatch,
             Ok(None) => return After::RewatchLater,
             Err(e @ ApiError::TooLarge(_)) => {
                 report(tx, describe(&e, "watch", api, ns));
@@ -218,7 +231,7 @@ async fn follow<T: Resource>(
             }
             Err(e) => {
                 tracing::debug!(error = %e, resource = api.resource, "kubernetes watch interrupted; resuming");
-                return if got_any {
+                return if healthy(got_any) {
                     After::Rewatch
                 } else {
                     After::RewatchLater
