@@ -5,7 +5,8 @@
 //! to fix; the gateway still serves its other pools.
 
 use kvgate_discovery::{
-    DiscoveryConfig, DiscoveryError, DnsSource, EndpointSet, Source, SourceKind, SystemResolver,
+    DiscoveryConfig, DiscoveryError, DnsSource, EndpointSet, KubernetesSource, Source, SourceKind,
+    SystemResolver,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -29,11 +30,8 @@ pub fn start(cfg: &DiscoveryConfig, token: CancellationToken) -> Result<Running,
             })
         }
         SourceKind::Kubernetes => {
-            return Err(DiscoveryError::Unavailable(
-                "source = \"kubernetes\" is not available yet; use \"dns\" with the engines' \
-                 headless Service"
-                    .into(),
-            ))
+            let source = KubernetesSource::new(cfg)?;
+            tokio::spawn(source.run(tx, async move { token.cancelled().await }))
         }
     };
     Ok((rx, task))

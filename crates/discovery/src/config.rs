@@ -14,6 +14,10 @@
 //! # interval_ms = 5000       # dns: re-resolution interval
 //! # lookup_timeout_ms = 2000  # dns: one lookup's timeout
 //! # name = "vllm-headless.inference.svc.cluster.local"   # dns: the name to resolve
+//! # port_name = "http"        # kubernetes service: the EndpointSlice port of this name
+//! # api_server = "https://10.0.0.1:6443"  # kubernetes: out of cluster (default in-cluster)
+//! # token_file = "/path/token"   # kubernetes: bearer token, re-read on every (re)connect
+//! # ca_file = "/path/ca.crt"     # kubernetes: the API server's CA
 //! kv_events_port = 5557       # optional: KV events at tcp://<ip>:<port> on every endpoint
 //! kv_replay_port = 5558       # optional
 //! ```
@@ -53,7 +57,7 @@ pub struct DiscoveryConfig {
     /// Engine HTTP port: for dns always; for kubernetes when the watched object names none.
     #[serde(default)]
     pub port: Option<u16>,
-    /// kubernetes: the namespace; default the pod's own (in cluster) or the kubeconfig's.
+    /// kubernetes: the namespace; default the pod's own (in cluster); required with `api_server`.
     #[serde(default)]
     pub namespace: Option<String>,
     /// kubernetes: the Service whose EndpointSlices list the engines.
@@ -65,10 +69,27 @@ pub struct DiscoveryConfig {
     /// kubernetes: the `InferencePool` whose selector and target port name the engines.
     #[serde(default)]
     pub inference_pool: Option<String>,
-    /// kubernetes: a kubeconfig file; default in-cluster config, else `$KUBECONFIG` /
-    /// `~/.kube/config`.
+    /// kubernetes: a kubeconfig file. Not supported (validate rejects it): use in-cluster
+    /// config, or `api_server` with `token_file` and `ca_file`.
     #[serde(default)]
     pub kubeconfig: Option<PathBuf>,
+    /// kubernetes, `service` mode: the EndpointSlice port to use, by name; default the slice's
+    /// first port.
+    #[serde(default)]
+    pub port_name: Option<String>,
+    /// kubernetes: the API server's base URL (`https://host:port`), for use outside a cluster;
+    /// default in-cluster (`KUBERNETES_SERVICE_HOST` / `KUBERNETES_SERVICE_PORT`).
+    #[serde(default)]
+    pub api_server: Option<String>,
+    /// kubernetes: file holding the bearer token, re-read on every (re)connect because bound
+    /// service account tokens rotate; default the in-cluster service account token (none with
+    /// `api_server`).
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// kubernetes: PEM file of the CA that signed the API server's certificate; default the
+    /// in-cluster service account `ca.crt` (none with `api_server`).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
     /// KV events port on every discovered endpoint (`tcp://<ip>:<port>`), unless the pod's
     /// annotation names another.
     #[serde(default)]
@@ -116,6 +137,10 @@ impl Default for DiscoveryConfig {
             selector: None,
             inference_pool: None,
             kubeconfig: None,
+            port_name: None,
+            api_server: None,
+            token_file: None,
+            ca_file: None,
             kv_events_port: None,
             kv_replay_port: None,
             drain_grace_ms: Self::DEFAULT_DRAIN_GRACE_MS,

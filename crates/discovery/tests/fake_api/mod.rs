@@ -1,0 +1,299 @@
+//! A fake Kubernetes API server for tests: scripted LIST answers and WATCH streams per
+//! collection path, on 127.0.0.1:0; it records every request's query.
+//!
+//! A request pops the next reply scripted for its path and kind (list or watch). With nothing
+//! scripted, a LIST answers 500 and a WATCH stays open silently, like a quiet watch.
+//! Shared by crates/discovery/tests/kubernetes.rs and the gateway's tests/kubernetes_fleet.rs.
+#![allow(dead_code)]
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc;
+
+/// One item of a scripted watch stream.
+enum Item {
+    Bytes(Vec<u8>),
+    Abort,
+}
+
+enum Reply {
+    Json(u16, Value),
+    Stream(mpsc::UnboundedReceiver<Item>),
+}
+
+/// A recorded request.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub path: String,
+    pub watch: bool,
+    pub query: HashMap<String, String>,
+    /// The `Authorization` header.
+    pub auth: Option<String>,
+}
+
+#[derive(Default)]
+struct Inner {
+    replies: Mutex<HashMap<(String, bool), VecDeque<Reply>>>,
+    seen: Mutex<Vec<Seen>>,
+    /// Senders of unscripted watches, held so those streams stay open.
+    quiet: Mutex<Vec<mpsc::UnboundedSender<Item>>>,
+}
+
+/// The running fake server.
+#[derive(Clone)]
+pub struct FakeApi {
+    pub addr: SocketAddr,
+    inner: Arc<Inner>,
+}
+
+/// The sending end of one scripted watch stream; dropping it ends the stream cleanly.
+pub struct WatchTx(mpsc::UnboundedSender<Item>);
+
+impl WatchTx {
+    /// Sends one event line.
+    pub fn event(&self, kind: &str, object: Value) {
+        self.line(&json!({"type": kind, "object": object}).to_string());
+    }
+    /// Sends a BOOKMARK at `rv`.
+    pub fn bookmark(&self, rv: &str) {
+        self.event(
+            "BOOKMARK",
+            json!({"kind": "Pod", "metadata": {"resourceVersion": rv}}),
+        );
+    }
+    /// Sends an ERROR event with `code`.
+    pub fn error(&self, code: u16) {
+        self.event(
+            "ERROR",
+            json!({"kind": "Status", "code": code, "reason": "Expired", "message": "too old resource version"}),
+        );
+    }
+    /// Sends `text` and a newline.
+    pub fn line(&self, text: &str) {
+        let mut b = text.as_bytes().to_vec();
+        b.push(b'\n');
+        let _ = self.0.send(Item::Bytes(b));
+    }
+    /// Sends raw bytes (part of a line).
+    pub fn raw(&self, b: Vec<u8>) {
+        let _ = self.0.send(Item::Bytes(b));
+    }
+    /// Breaks the connection without ending the response.
+    pub fn abort(&self) {
+        let _ = self.0.send(Item::Abort);
+    }
+}
+
+async fn handle(
+    State(inner): State<Arc<Inner>>,
+    uri: Uri,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let path = uri.path().to_string();
+    let watch = query.get("watch").is_some_and(|w| w == "1" || w == "true");
+    inner.seen.lock().unwrap().push(Seen {
+        path: path.clone(),
+        watch,
+        query,
+        auth: headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+    });
+    let reply = inner
+        .replies
+        .lock()
+        .unwrap()
+        .get_mut(&(path.clone(), watch))
+        .and_then(VecDeque::pop_front);
+    match reply {
+        Some(Reply::Json(code, body)) => (
+            StatusCode::from_u16(code).unwrap(),
+            [("content-type", "application/json")],
+            body.to_string(),
+        )
+            .into_response(),
+        Some(Reply::Stream(rx)) => stream(rx),
+        None if watch => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            inner.quiet.lock().unwrap().push(tx);
+            stream(rx)
+        }
+        None => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("nothing scripted for {path}"),
+        )
+            .into_response(),
+    }
+}
+
+fn stream(rx: mpsc::UnboundedReceiver<Item>) -> Response {
+    let s = futures_util::stream::unfold(rx, |mut rx| async move {
+        match rx.recv().await {
+            None => None,
+            Some(Item::Bytes(b)) => Some((Ok::<_, std::io::Error>(Bytes::from(b)), rx)),
+            Some(Item::Abort) => Some((Err(std::io::Error::other("abort")), rx)),
+        }
+    });
+    Response::builder()
+        .status(200)
+        .header("content-type", "application/json")
+        .body(Body::from_stream(s))
+        .unwrap()
+}
+
+impl FakeApi {
+    pub async fn start() -> FakeApi {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (api, app) = FakeApi::unserved(listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        api
+    }
+
+    /// The server's state and its router, for a test that serves it itself (over TLS) at
+    /// `addr`.
+    pub fn unserved(addr: SocketAddr) -> (FakeApi, axum::Router) {
+        let inner = Arc::new(Inner::default());
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(Arc::clone(&inner));
+        (FakeApi { addr, inner }, app)
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn push(&self, path: &str, watch: bool, r: Reply) {
+        self.inner
+            .replies
+            .lock()
+            .unwrap()
+            .entry((path.to_string(), watch))
+            .or_default()
+            .push_back(r);
+    }
+
+    /// Scripts one LIST answer: `items` at resource version `rv`.
+    pub fn list(&self, path: &str, rv: &str, items: Vec<Value>) {
+        self.push(
+            path,
+            false,
+            Reply::Json(
+                200,
+                json!({"kind": "List", "metadata": {"resourceVersion": rv}, "items": items}),
+            ),
+        );
+    }
+
+    /// Scripts one LIST page that continues with `token`.
+    pub fn page(&self, path: &str, rv: &str, items: Vec<Value>, token: &str) {
+        self.push(
+            path,
+            false,
+            Reply::Json(
+                200,
+                json!({"kind": "List", "metadata": {"resourceVersion": rv, "continue": token}, "items": items}),
+            ),
+        );
+    }
+
+    /// Scripts one error status for the next LIST (`watch = false`) or WATCH of `path`.
+    pub fn status(&self, path: &str, watch: bool, code: u16, message: &str) {
+        self.push(
+            path,
+            watch,
+            Reply::Json(
+                code,
+                json!({"kind": "Status", "status": "Failure", "code": code, "message": message}),
+            ),
+        );
+    }
+
+    /// Scripts the next WATCH of `path` as a stream the test writes to.
+    pub fn watch(&self, path: &str) -> WatchTx {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.push(path, true, Reply::Stream(rx));
+        WatchTx(tx)
+    }
+
+    /// The requests seen for `path`, LISTs (`watch = false`) or WATCHes.
+    pub fn seen(&self, path: &str, watch: bool) -> Vec<Seen> {
+        self.inner
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.path == path && s.watch == watch)
+            .cloned()
+            .collect()
+    }
+}
+
+pub const NS: &str = "ns";
+pub const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices";
+pub const PODS: &str = "/api/v1/namespaces/ns/pods";
+pub const POOLS_V1: &str = "/apis/inference.networking.k8s.io/v1/namespaces/ns/inferencepools";
+pub const POOLS_V1A2: &str =
+    "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/ns/inferencepools";
+
+/// An EndpointSlice of one port; endpoints `(ip, pod, ready, terminating)`.
+pub fn slice(name: &str, rv: &str, port: u16, endpoints: &[(&str, &str, bool, bool)]) -> Value {
+    json!({
+        "metadata": {"name": name, "resourceVersion": rv, "labels": {"kubernetes.io/service-name": "vllm"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+        "endpoints": endpoints.iter().map(|(ip, pod, ready, term)| json!({
+            "addresses": [ip],
+            "conditions": {"ready": ready, "serving": ready, "terminating": term},
+            "targetRef": {"kind": "Pod", "name": pod, "namespace": NS}
+        })).collect::<Vec<_>>()
+    })
+}
+
+/// A pod; `ready` sets phase Running and condition Ready.
+pub fn pod(
+    name: &str,
+    rv: &str,
+    ip: &str,
+    ready: bool,
+    labels: Value,
+    annotations: Value,
+) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": NS, "resourceVersion": rv, "labels": labels, "annotations": annotations},
+        "status": {
+            "phase": if ready { "Running" } else { "Pending" },
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]
+        }
+    })
+}
+
+/// An InferencePool `v1` object.
+pub fn pool_v1(name: &str, rv: &str, labels: Value, port: u16) -> Value {
+    json!({
+        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": name, "namespace": NS, "resourceVersion": rv},
+        "spec": {"selector": {"matchLabels": labels}, "targetPorts": [{"number": port}],
+                 "endpointPickerRef": {"name": "epp"}}
+    })
+}
+
+/// An InferencePool `v1alpha2` object.
+pub fn pool_v1alpha2(name: &str, rv: &str, labels: Value, port: u16) -> Value {
+    json!({
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha2", "kind": "InferencePool",
+        "metadata": {"name": name, "namespace": NS, "resourceVersion": rv},
+        "spec": {"selector": labels, "targetPortNumber": port, "extensionRef": {"name": "epp"}}
+    })
+}
