@@ -6,6 +6,7 @@
 
 pub mod chunked;
 pub mod json;
+pub mod lines;
 pub mod msgpack;
 pub mod splits;
 pub mod sse;
