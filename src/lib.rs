@@ -31,7 +31,8 @@
 //!   share) and are admitted as requests on the pool finish; 429 with `Retry-After` when the
 //!   queue is full, the wait bound passes or a request is shed.
 //! - [`ratelimit`] — per-tenant rate limits (requests/s, tokens/min) over
-//!   `kvgate_core::ratelimit`: checked before admission, output charged as it streams, OpenAI's
+//!   `kvgate_core::ratelimit`: checked before admission, output charged as it streams, prompt
+//!   tokens given back to a request that fails while no engine holds it, OpenAI's
 //!   `x-ratelimit-*` headers, usage shared with gossip peers so replicas enforce one budget.
 //! - [`admin`] — `/health`, `/ready`, `/metrics`, `/v1/models`, `/admin/*`.
 //! - [`routing`] — the only caller of the routing core: prompt → block hashes → usable instances
