@@ -446,6 +446,7 @@ async fn forward(
         let inst = &*inst;
         let up = Outgoing {
             authority: &inst.authority,
+            tls: inst.tls,
             host: &inst.host_header,
             method: &Method::POST,
             path_and_query,
