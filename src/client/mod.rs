@@ -271,8 +271,9 @@ impl HttpClient {
                 .trim_end_matches(']');
             let name = rustls::pki_types::ServerName::try_from(host.to_string())
                 .map_err(|e| fail(format!("not a TLS server name: {e}")))?;
-            let t = connector
-                .connect(name, stream)
+            // Boxed: the handshake's state is large, and every request's future would carry
+            // it inline (idle connections' tasks included).
+            let t = Box::pin(connector.connect(name, stream))
                 .await
                 .map_err(|e| fail(format!("TLS handshake: {e}")))?;
             Ok(Stream::Tls(Box::new(t)))
