@@ -407,3 +407,59 @@ async fn a_client_gone_after_dispatch_stays_charged() {
     let m = gw.get_text("/metrics").await;
     assert_eq!(metric(&m, "gone", "refunded"), 0.0, "{m}");
 }
+
+/// The queue of the first pool as `/admin/admission` shows it.
+async fn queued(gw: &Gateway) -> u64 {
+    let v: serde_json::Value =
+        serde_json::from_str(&gw.get_text("/admin/admission").await).unwrap();
+    v["pools"][0]["entries"].as_u64().unwrap_or(0)
+}
+
+/// A client that leaves while its request waits in the admission queue (no engine holds it
+/// yet) gets its prompt tokens back.
+#[tokio::test]
+async fn a_client_gone_while_queued_gets_its_tokens_back() {
+    let (a, gw) = gateway(REFUND_KEYS, |c| {
+        c.admission.enabled = true;
+        c.admission.max_inflight_per_instance = 1;
+        c.admission.max_wait_ms = 10_000;
+    })
+    .await;
+    a.set_mode(Mode::Held);
+    for (round, via) in [Via::H1, Via::Hyper].into_iter().enumerate() {
+        let url = gw.url("/v1/completions");
+        let send = |key: &'static str| {
+            let req = client()
+                .post(url.clone())
+                .header("content-type", "application/json")
+                .header("x-api-key", key);
+            let req = match via {
+                Via::H1 => req.body(LONG),
+                Via::Hyper => {
+                    let chunks: Vec<Result<&'static str, std::io::Error>> = vec![Ok(LONG)];
+                    req.body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+                }
+            };
+            tokio::spawn(async move { req.send().await.map(|r| r.status()) })
+        };
+        // One request holds the only place; the refund tenant's waits behind it.
+        let holder = send("sk-gone");
+        assert!(eventually(10, || a.held() == 1).await);
+        let waiting = send("sk-refund");
+        let ok = eventually_async(10, || async { queued(&gw).await == 1 }).await;
+        assert!(ok, "{via:?}: never queued");
+        waiting.abort();
+        let _ = waiting.await;
+        let ok = eventually_async(10, || async {
+            let m = gw.get_text("/metrics").await;
+            metric(&m, "refund", "refunded") >= 90.0 * (round as f64 + 1.0)
+        })
+        .await;
+        assert!(
+            ok,
+            "{via:?}: the queued request's tokens were not given back"
+        );
+        a.release(1);
+        assert!(holder.await.unwrap().is_ok());
+    }
+}
