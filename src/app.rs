@@ -101,7 +101,16 @@ impl AppState {
             routing.load().clone(),
             clock,
         );
-        let client = HttpClient::new(&config.upstream);
+        // `https://` instances: the CA bundle and client certificate are read now, so that a bad
+        // file stops the start instead of failing every request.
+        let upstream_tls = match &config.upstream.tls {
+            Some(t) => Some(
+                crate::tls::client::config(t)
+                    .map_err(|e| GatewayError::Internal(format!("upstream.tls: {e}")))?,
+            ),
+            None => None,
+        };
+        let client = HttpClient::with_tls(&config.upstream, upstream_tls);
         let offload = crate::proxy::offload::Offload::new(&config.routing.tokenize);
         let request_id_header = HeaderName::from_bytes(config.server.request_id_header.as_bytes())
             .map_err(|e| GatewayError::Internal(e.to_string()))?;

@@ -31,7 +31,8 @@
 //!   share) and are admitted as requests on the pool finish; 429 with `Retry-After` when the
 //!   queue is full, the wait bound passes or a request is shed.
 //! - [`ratelimit`] — per-tenant rate limits (requests/s, tokens/min) over
-//!   `kvgate_core::ratelimit`: checked before admission, output charged as it streams, OpenAI's
+//!   `kvgate_core::ratelimit`: checked before admission, output charged as it streams, prompt
+//!   tokens given back to a request that fails while no engine holds it, OpenAI's
 //!   `x-ratelimit-*` headers, usage shared with gossip peers so replicas enforce one budget.
 //! - [`admin`] — `/health`, `/ready`, `/metrics`, `/v1/models`, `/admin/*`.
 //! - [`routing`] — the only caller of the routing core: prompt → block hashes → usable instances
@@ -46,14 +47,16 @@
 //!   (`arc-swap`), serving or draining; health (active checks + passive ejection), latency
 //!   averages, engine load scraping, the `/v1/models` union.
 //! - [`client`] — HTTP/1.1 client doing each exchange on the request's own task over a per-thread
-//!   keep-alive pool ([`client::wire`] encodes and parses heads, [`client::body`] streams bodies);
-//!   connect / first-byte timeouts, stale pooled connections replaced.
+//!   keep-alive pool ([`client::wire`] encodes and parses heads, [`client::body`] streams bodies,
+//!   [`client::stream`] is plain TCP or TLS to `https://` instances); connect / first-byte
+//!   timeouts, stale pooled connections replaced.
 //! - [`error`] — [`error::GatewayError`]: one error type, one mapping to status + OpenAI body,
 //!   with fault and retry-safety.
 //! - [`events`] — engine KV event ingestion (`crates/events`) wired to the fleet: one source per
 //!   instance with `kv_events`, started with the background tasks, shown in `/admin/index`.
 //! - [`tls`] — rustls on the listener: TLS 1.2/1.3, ALPN `h2` and `http/1.1`, client
-//!   certificates, certificate reloading.
+//!   certificates, certificate reloading; and the upstream client's config for `https://`
+//!   instances (CA bundle, optional client certificate).
 //! - [`metrics`] — every metric name, help text and bucket set.
 //! - [`config`] — one typed [`config::Config`]; defaults in one place; TOML < `KVGATE_*` env < flags.
 //! - [`alloc`] — the binaries' global allocator (mimalloc through its unaligned fast paths).

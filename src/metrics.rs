@@ -217,7 +217,7 @@ fn build() -> Result<PrometheusHandle, String> {
     );
     describe_counter!(
         TENANT_TOKENS,
-        "Tokens charged to tenants' rate limits, by kind (prompt, output)."
+        "Tokens charged to tenants' rate limits, by kind (prompt, output), and prompt tokens given back (refunded) to requests that failed before an engine held them."
     );
     describe_gauge!(
         INSTANCE_HEALTHY,
@@ -515,7 +515,8 @@ pub fn record_tenant_rejection(tenant: &str, reason: &'static str) {
     counter!(TENANT_REJECTIONS, "tenant" => tenant.to_string(), "reason" => reason).increment(1);
 }
 
-/// `n` tokens of `kind` (`prompt` or `output`) charged to `tenant`'s rate limit.
+/// `n` tokens of `kind` (`prompt` or `output`) charged to `tenant`'s rate limit, or given back
+/// (`refunded`).
 pub fn record_tenant_tokens(tenant: &str, kind: &'static str, n: u64) {
     if n > 0 {
         counter!(TENANT_TOKENS, "tenant" => tenant.to_string(), "kind" => kind).increment(n);

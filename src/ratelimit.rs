@@ -10,6 +10,12 @@
 //!   a way around a limit.
 //! - What clients see follows OpenAI's headers: `x-ratelimit-{limit,remaining,reset}-{requests,
 //!   tokens}`, the limit being the bucket's capacity and the reset the time until it is full.
+//! - A request's prompt tokens are given back ([`Charge`]) when it fails while no engine holds
+//!   it: refused by every engine it was tried on (connect error, 502/503, the attempts the
+//!   router takes back), no usable instance, refused or timed out by admission control, or the
+//!   client gone before it was dispatched. Once an engine holds it (sent, not refused) it stays
+//!   charged whatever follows (timeouts, broken streams, the client leaving): the engine may be
+//!   computing it. The request count is never given back.
 
 use crate::auth::Keys;
 use crate::clock::Clock;
@@ -17,7 +23,7 @@ use crate::config::RateLimitsConfig;
 use crate::error::GatewayError;
 use http::{HeaderName, HeaderValue};
 use kvgate_core::ratelimit::{
-    tenant_key, BucketStatus, Limiter, PeerLedger, RateStatus, TenantKey,
+    tenant_key, BucketStatus, Limiter, PeerLedger, RateStatus, TenantKey, Ticket,
 };
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,7 +36,7 @@ pub const ANONYMOUS: &str = "anonymous";
 const MAX_PEERS: usize = 1024;
 
 /// A request admitted under a limit: whom to charge its output to, and what to tell the client.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Admitted {
     /// The tenant charged.
     pub tenant: TenantKey,
@@ -120,34 +126,47 @@ impl RateLimits {
     }
 
     /// Admits one request of `label` (the key's tenant, or [`ANONYMOUS`] without keys) with
-    /// `prompt_tokens`, or refuses it (429).
+    /// `prompt_tokens`, or refuses it (429). The [`Charge`] gives the prompt tokens back if it
+    /// is dropped while no engine holds the request.
     pub fn admit(
         &self,
         label: &Arc<str>,
         prompt_tokens: u64,
-    ) -> Result<Option<Admitted>, GatewayError> {
+    ) -> Result<(Option<Admitted>, Charge<'_>), GatewayError> {
         if !self.active() {
-            return Ok(None);
+            return Ok((None, Charge::none()));
         }
         let tenant = tenant_key(label);
         let now = self.clock.now_ms();
         let result = self.inner.lock().limiter.admit(tenant, prompt_tokens, now);
         match result {
-            Ok(Some(status)) => {
+            Ok(Some(adm)) => {
                 crate::metrics::record_tenant_tokens(label, "prompt", prompt_tokens);
-                Ok(Some(Admitted {
+                let charge = Charge {
+                    held: Some((self, adm.ticket, label.clone())),
+                    at_engine: false,
+                };
+                let admitted = Admitted {
                     tenant,
                     label: label.clone(),
-                    status,
-                }))
+                    status: adm.status,
+                };
+                Ok((Some(admitted), charge))
             }
-            Ok(None) => Ok(None),
+            Ok(None) => Ok((None, Charge::none())),
             Err(d) => Err(GatewayError::RateLimited(Box::new(Refused {
                 limit: d.limit.as_str(),
                 retry_after_ms: d.retry_after_ms,
                 status: d.status,
             }))),
         }
+    }
+
+    /// Gives back what `ticket` charged (see [`Charge`]).
+    fn refund(&self, ticket: Ticket, label: &str) {
+        let now = self.clock.now_ms();
+        let back = self.inner.lock().limiter.refund(ticket, now);
+        crate::metrics::record_tenant_tokens(label, "refunded", back);
     }
 
     /// Charges `tokens` of output to `tenant` (metric label `label`).
@@ -184,6 +203,42 @@ impl RateLimits {
     pub fn status(&self, tenant: TenantKey) -> Option<RateStatus> {
         let now = self.clock.now_ms();
         self.inner.lock().limiter.status(tenant, now)
+    }
+}
+
+/// An admitted request's prompt charge while it is being routed: given back when dropped
+/// while no engine holds the request (see the module invariants). Mark every dispatch with
+/// [`Charge::at_engine`]`(true)` before sending and every refused attempt with `false`.
+#[derive(Debug)]
+pub struct Charge<'a> {
+    held: Option<(&'a RateLimits, Ticket, Arc<str>)>,
+    at_engine: bool,
+}
+
+impl Charge<'_> {
+    /// No charge (the tenant is not limited).
+    pub fn none() -> Self {
+        Charge {
+            held: None,
+            at_engine: false,
+        }
+    }
+
+    /// Whether an engine now holds the request: sent to it (`true`), or refused by it and not
+    /// (yet) sent elsewhere (`false`).
+    pub fn at_engine(&mut self, yes: bool) {
+        self.at_engine = yes;
+    }
+}
+
+impl Drop for Charge<'_> {
+    fn drop(&mut self) {
+        if self.at_engine {
+            return;
+        }
+        if let Some((limits, ticket, label)) = self.held.take() {
+            limits.refund(ticket, &label);
+        }
     }
 }
 

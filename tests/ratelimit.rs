@@ -2,7 +2,8 @@
 //! with a length, hyper for a chunked body): OpenAI's `x-ratelimit-*` headers on answers, 429
 //! `rate_limit_exceeded` with `Retry-After` over a limit, output tokens charged as they stream
 //! (a request admitted within budget drives it negative and holds the next one), nothing
-//! refused reaching the instance.
+//! refused reaching the instance; prompt tokens given back to requests every engine refused
+//! (503), but not the request, nor to a request abandoned after dispatch.
 
 mod common;
 
@@ -267,4 +268,198 @@ async fn two_replicas_gossiping_enforce_one_budget() {
         (admitted as f64) < 2.0 * budget - BURST as f64,
         "{admitted}: usage not shared"
     );
+}
+
+const REFUND_KEYS: &str = r#"
+[[keys]]
+key = "sk-refund"
+tenant = "refund"
+tokens_per_minute = 60
+burst_tokens = 1000
+
+[[keys]]
+key = "sk-gone"
+tenant = "gone"
+tokens_per_minute = 60
+burst_tokens = 1000
+
+[[keys]]
+key = "sk-count"
+tenant = "count"
+requests_per_second = 1
+burst_requests = 3
+"#;
+
+/// About 100 prompt tokens (text mode counts 4 bytes a token).
+const LONG: &str = r#"{"model":"m","prompt":"0123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789","max_tokens":1}"#;
+
+fn remaining_tokens(r: &reqwest::Response) -> i64 {
+    header(r, "x-ratelimit-remaining-tokens")
+        .parse()
+        .expect("x-ratelimit-remaining-tokens")
+}
+
+fn metric(m: &str, tenant: &str, kind: &str) -> f64 {
+    m.lines()
+        .find(|l| {
+            l.starts_with("kvgate_tenant_tokens_charged_total")
+                && l.contains(&format!("tenant=\"{tenant}\""))
+                && l.contains(&format!("kind=\"{kind}\""))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A request every engine refuses (503) gets its prompt tokens back, on both serving paths;
+/// the request itself stays counted; one that was served is charged as usual.
+#[tokio::test]
+async fn a_refused_request_gets_its_prompt_tokens_back_but_not_its_request() {
+    let (a, gw) = gateway(REFUND_KEYS, |_| {}).await;
+    a.set_mode(Mode::Status(503));
+    // The headers of an answer show the buckets right after its admission, before any refund.
+    let first = post(&gw, Via::H1, "sk-refund", LONG).await;
+    assert_eq!(first.status(), 503);
+    let after_one = remaining_tokens(&first);
+    let prompt = 1000 - after_one;
+    assert!(prompt >= 90, "prompt tokens charged: {prompt}");
+    for via in [Via::H1, Via::Hyper, Via::H1, Via::Hyper] {
+        let r = post(&gw, via, "sk-refund", LONG).await;
+        assert_eq!(r.status(), 503, "{via:?}");
+        // Charged afresh each time from a refunded bucket, not ever deeper (which would be
+        // `after_one - k × prompt` without refunds). A refund may lose a token to rounding.
+        assert!(
+            remaining_tokens(&r) + 2 >= after_one,
+            "{via:?}: {} left, {after_one} after the first",
+            remaining_tokens(&r)
+        );
+    }
+    assert_eq!(
+        a.count(),
+        5,
+        "every request reached the engine and was refused"
+    );
+    let m = gw.get_text("/metrics").await;
+    let refunded = metric(&m, "refund", "refunded");
+    assert!(
+        refunded >= 5.0 * (prompt as f64 - 1.0),
+        "refunded {refunded} of 5 × {prompt}\n{m}"
+    );
+
+    // Served requests are charged and stay charged.
+    a.set_mode(Mode::Json);
+    let r = post(&gw, Via::H1, "sk-refund", LONG).await;
+    assert_eq!(r.status(), 200);
+    let served = remaining_tokens(&r);
+    assert!(served + 5 >= after_one, "{served}");
+    let r = post(&gw, Via::H1, "sk-refund", LONG).await;
+    assert_eq!(r.status(), 200);
+    assert!(
+        remaining_tokens(&r) <= served - prompt + 2,
+        "the first served one was refunded"
+    );
+
+    // The request count is not given back: 3 burst, 1 a second, every one refused by the
+    // engine: the fourth at once is over the request limit.
+    a.set_mode(Mode::Status(503));
+    for _ in 0..3 {
+        assert_eq!(post(&gw, Via::H1, "sk-count", BODY).await.status(), 503);
+    }
+    let r = post(&gw, Via::H1, "sk-count", BODY).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(header(&r, "x-ratelimit-remaining-requests"), "0");
+}
+
+/// A client that leaves once its request was dispatched does not get its tokens back: the
+/// engine holds the request and may be computing it.
+#[tokio::test]
+async fn a_client_gone_after_dispatch_stays_charged() {
+    let (a, gw) = gateway(REFUND_KEYS, |_| {}).await;
+    a.set_mode(Mode::Held);
+    let url = gw.url("/v1/completions");
+    let gone = tokio::spawn(async move {
+        client()
+            .post(url)
+            .header("content-type", "application/json")
+            .header("x-api-key", "sk-gone")
+            .body(LONG)
+            .send()
+            .await
+            .map(|r| r.status())
+    });
+    assert!(eventually(10, || a.held() == 1).await, "never dispatched");
+    gone.abort();
+    let _ = gone.await;
+    a.set_mode(Mode::Json);
+    a.release(1);
+    let r = post(&gw, Via::H1, "sk-gone", LONG).await;
+    assert_eq!(r.status(), 200);
+    let second = remaining_tokens(&r);
+    let r = post(&gw, Via::H1, "sk-gone", LONG).await;
+    let third = remaining_tokens(&r);
+    let prompt = second - third;
+    assert!(prompt >= 90, "{prompt}");
+    // Two prompts charged before the third's admission: the abandoned one and the second.
+    assert!(
+        second <= 1000 - 2 * prompt + 2,
+        "the abandoned request was refunded: {second} left"
+    );
+    let m = gw.get_text("/metrics").await;
+    assert_eq!(metric(&m, "gone", "refunded"), 0.0, "{m}");
+}
+
+/// The queue of the first pool as `/admin/admission` shows it.
+async fn queued(gw: &Gateway) -> u64 {
+    let v: serde_json::Value =
+        serde_json::from_str(&gw.get_text("/admin/admission").await).unwrap();
+    v["pools"][0]["entries"].as_u64().unwrap_or(0)
+}
+
+/// A client that leaves while its request waits in the admission queue (no engine holds it
+/// yet) gets its prompt tokens back.
+#[tokio::test]
+async fn a_client_gone_while_queued_gets_its_tokens_back() {
+    let (a, gw) = gateway(REFUND_KEYS, |c| {
+        c.admission.enabled = true;
+        c.admission.max_inflight_per_instance = 1;
+        c.admission.max_wait_ms = 10_000;
+    })
+    .await;
+    a.set_mode(Mode::Held);
+    for (round, via) in [Via::H1, Via::Hyper].into_iter().enumerate() {
+        let url = gw.url("/v1/completions");
+        let send = |key: &'static str| {
+            let req = client()
+                .post(url.clone())
+                .header("content-type", "application/json")
+                .header("x-api-key", key);
+            let req = match via {
+                Via::H1 => req.body(LONG),
+                Via::Hyper => {
+                    let chunks: Vec<Result<&'static str, std::io::Error>> = vec![Ok(LONG)];
+                    req.body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+                }
+            };
+            tokio::spawn(async move { req.send().await.map(|r| r.status()) })
+        };
+        // One request holds the only place; the refund tenant's waits behind it.
+        let holder = send("sk-gone");
+        assert!(eventually(10, || a.held() == 1).await);
+        let waiting = send("sk-refund");
+        let ok = eventually_async(10, || async { queued(&gw).await == 1 }).await;
+        assert!(ok, "{via:?}: never queued");
+        waiting.abort();
+        let _ = waiting.await;
+        let ok = eventually_async(10, || async {
+            let m = gw.get_text("/metrics").await;
+            metric(&m, "refund", "refunded") >= 90.0 * (round as f64 + 1.0)
+        })
+        .await;
+        assert!(
+            ok,
+            "{via:?}: the queued request's tokens were not given back"
+        );
+        a.release(1);
+        assert!(holder.await.unwrap().is_ok());
+    }
 }

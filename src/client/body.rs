@@ -382,7 +382,11 @@ mod tests {
             max_idle: 0,
             idle_timeout: Duration::from_secs(1),
         };
-        UpstreamBody::new(Conn::new(c, home), framing, true)
+        UpstreamBody::new(
+            Conn::new(crate::client::stream::Stream::Plain(c), home),
+            framing,
+            true,
+        )
     }
 
     async fn frames(mut b: UpstreamBody) -> (Vec<Vec<u8>>, Option<String>) {

@@ -27,6 +27,7 @@
 pub mod body;
 pub mod deadline;
 pub mod pool;
+pub mod stream;
 pub mod wire;
 
 use body::UpstreamBody;
@@ -38,7 +39,8 @@ use std::io::IoSlice;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use stream::Stream;
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use wire::{Fields, WireError};
 
@@ -111,6 +113,8 @@ pub enum OutHeaders<'a> {
 pub struct Outgoing<'a> {
     /// `host:port` to connect to (also the pool key).
     pub authority: &'a str,
+    /// Over TLS (an `https://` instance): the client needs `[upstream.tls]`.
+    pub tls: bool,
     /// The `Host` header sent (any `host` in `headers` is ignored).
     pub host: &'a HeaderValue,
     /// Method.
@@ -150,13 +154,20 @@ struct Settings {
     idle_timeout: Duration,
     /// Whether a request fully written on a connection that then closed unanswered is sent again.
     resend_written: bool,
+    /// Connects `https://` instances (`[upstream.tls]`); `None`: they cannot be reached.
+    tls: Option<tokio_rustls::TlsConnector>,
 }
 
 static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl HttpClient {
-    /// A client with `cfg`'s connect timeout and pool settings.
+    /// A client with `cfg`'s connect timeout and pool settings, for `http://` instances only.
     pub fn new(cfg: &UpstreamConfig) -> Self {
+        Self::with_tls(cfg, None)
+    }
+
+    /// A client that also reaches `https://` instances with `tls` (see [`crate::tls::client`]).
+    pub fn with_tls(cfg: &UpstreamConfig, tls: Option<Arc<rustls::ClientConfig>>) -> Self {
         Self {
             settings: Arc::new(Settings {
                 id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
@@ -164,6 +175,7 @@ impl HttpClient {
                 max_idle_per_host: cfg.pool_max_idle_per_host,
                 idle_timeout: Duration::from_millis(cfg.pool_idle_timeout_ms),
                 resend_written: cfg.idempotent_requests,
+                tls: tls.map(tokio_rustls::TlsConnector::from),
             }),
         }
     }
@@ -191,18 +203,26 @@ impl HttpClient {
             head.put_slice(body);
         }
         let rest = if inline { &[][..] } else { &body[..] };
+        // TLS connections park apart from plain ones to the same `host:port`.
+        let tls_key;
+        let key = if out.tls {
+            tls_key = format!("tls:{}", out.authority);
+            tls_key.as_str()
+        } else {
+            out.authority
+        };
         let exchange = async {
             let mut stale = 0;
             loop {
                 let parked = if stale < MAX_STALE {
-                    pool::checkout(self.settings.id, out.authority, self.settings.idle_timeout)
+                    pool::checkout(self.settings.id, key, self.settings.idle_timeout)
                 } else {
                     None
                 };
                 let reused = parked.is_some();
                 let conn = match parked {
                     Some(c) => c,
-                    None => self.connect(out.authority).await?,
+                    None => self.connect(out.authority, out.tls, key).await?,
                 };
                 match exchange(conn, &head, rest, out.method).await {
                     Ok(resp) => return Ok(resp),
@@ -224,40 +244,65 @@ impl HttpClient {
         }
     }
 
-    /// A fresh connection to `authority` (`host:port`), bounded by the connect timeout.
-    async fn connect(&self, authority: &str) -> Result<Conn, SendError> {
+    /// A fresh connection to `authority` (`host:port`), over TLS with `tls`, parked under `key`
+    /// when idle; TCP connect and TLS handshake together bounded by the connect timeout. A
+    /// failed handshake is a connect failure too: the instance never saw the request.
+    async fn connect(&self, authority: &str, tls: bool, key: &str) -> Result<Conn, SendError> {
         let s = &self.settings;
-        let stream =
-            match tokio::time::timeout(s.connect_timeout, TcpStream::connect(authority)).await {
-                Err(_) => {
-                    return Err(SendError::Connect(format!(
-                        "{authority}: no connection within {} ms",
-                        s.connect_timeout.as_millis()
-                    )))
-                }
-                Ok(Err(e)) => return Err(SendError::Connect(format!("{authority}: {e}"))),
-                Ok(Ok(stream)) => stream,
+        let fail = |m: String| SendError::Connect(format!("{authority}: {m}"));
+        let connect = async {
+            let stream = TcpStream::connect(authority)
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            // Latency over packet count: heads and SSE events are small and must leave at once.
+            let _ = stream.set_nodelay(true);
+            let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(60));
+            let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+            if !tls {
+                return Ok(Stream::Plain(stream));
+            }
+            let Some(connector) = &s.tls else {
+                return Err(fail("an https:// instance, but no [upstream.tls]".into()));
             };
-        // Latency over packet count: heads and SSE events are small and must leave at once.
-        let _ = stream.set_nodelay(true);
-        let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(60));
-        let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+            let host = authority
+                .rsplit_once(':')
+                .map_or(authority, |(h, _)| h)
+                .trim_start_matches('[')
+                .trim_end_matches(']');
+            let name = rustls::pki_types::ServerName::try_from(host.to_string())
+                .map_err(|e| fail(format!("not a TLS server name: {e}")))?;
+            // Boxed: the handshake's state is large, and every request's future would carry
+            // it inline (idle connections' tasks included).
+            let t = Box::pin(connector.connect(name, stream))
+                .await
+                .map_err(|e| fail(format!("TLS handshake: {e}")))?;
+            Ok(Stream::Tls(Box::new(t)))
+        };
+        let stream = match tokio::time::timeout(s.connect_timeout, connect).await {
+            Err(_) => {
+                return Err(fail(format!(
+                    "no connection within {} ms",
+                    s.connect_timeout.as_millis()
+                )))
+            }
+            Ok(r) => r?,
+        };
         Ok(Conn::new(
             stream,
             Home {
                 client: s.id,
-                authority: authority.into(),
+                authority: key.into(),
                 max_idle: s.max_idle_per_host,
                 idle_timeout: s.idle_timeout,
             },
         ))
     }
 
-    /// `GET path` on `authority` (sent with `host`), reading at most `limit` body bytes, the
-    /// whole exchange bounded by `timeout`.
+    /// `GET path` on `authority` (over TLS with `tls`; sent with `host`), reading at most
+    /// `limit` body bytes, the whole exchange bounded by `timeout`.
     pub async fn get_bytes(
         &self,
-        authority: &str,
+        (authority, tls): (&str, bool),
         host: &HeaderValue,
         path: &str,
         timeout: Duration,
@@ -266,6 +311,7 @@ impl HttpClient {
         let (headers, body) = (HeaderMap::new(), Bytes::new());
         let out = Outgoing {
             authority,
+            tls,
             host,
             method: &Method::GET,
             path_and_query: path,
@@ -367,8 +413,13 @@ async fn exchange(
 }
 
 /// Writes `a` then `b` in full, with vectored writes (a plain write once either is done), to an
-/// instance or, for the HTTP/1.1 loop, to a client.
-pub(crate) async fn write_all(stream: &mut TcpStream, a: &[u8], b: &[u8]) -> std::io::Result<()> {
+/// instance or, for the HTTP/1.1 loop, to a client; then flushes (a no-op on TCP; on TLS it
+/// sends the records still buffered).
+pub(crate) async fn write_all<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    a: &[u8],
+    b: &[u8],
+) -> std::io::Result<()> {
     let (mut a, mut b) = (a, b);
     while !a.is_empty() || !b.is_empty() {
         let n = if a.is_empty() {
@@ -387,7 +438,7 @@ pub(crate) async fn write_all(stream: &mut TcpStream, a: &[u8], b: &[u8]) -> std
         a = &a[from_a..];
         b = &b[n - from_a..];
     }
-    Ok(())
+    stream.flush().await
 }
 
 #[cfg(test)]
@@ -458,6 +509,7 @@ mod tests {
         let headers = HeaderMap::new();
         let out = Outgoing {
             authority,
+            tls: false,
             host: &host,
             method: &Method::POST,
             path_and_query: "/v1/completions",
@@ -648,7 +700,15 @@ mod tests {
         let (addr, _) = server(usize::MAX, Duration::ZERO).await;
         let host = HeaderValue::from_str(&addr).unwrap();
         let c = client();
-        let get = |limit| c.get_bytes(&addr, &host, "/metrics", Duration::from_secs(2), limit);
+        let get = |limit| {
+            c.get_bytes(
+                (&addr, false),
+                &host,
+                "/metrics",
+                Duration::from_secs(2),
+                limit,
+            )
+        };
         let (s, b) = get(64).await.unwrap();
         assert_eq!((s, &b[..]), (StatusCode::OK, &b"ok"[..]));
         let err = get(1).await.unwrap_err();

@@ -10,18 +10,18 @@
 //! - Checkout never returns a connection the server has already closed if the close was seen by
 //!   the runtime (the readiness check costs no system call while the socket is quiet).
 
+use super::stream::Stream;
 use ahash::AHashMap;
 use bytes::BytesMut;
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
-use tokio::net::TcpStream;
 
 /// Most (client, authority) pairs with parked connections on one thread.
 pub const MAX_KEYS: usize = 4096;
 
 /// One keep-alive connection to an instance, with the bytes read beyond the last parsed item.
 pub struct Conn {
-    pub(super) stream: TcpStream,
+    pub(super) stream: Stream,
     pub(super) buf: BytesMut,
     home: Home,
 }
@@ -36,7 +36,7 @@ pub(super) struct Home {
 
 impl Conn {
     /// Wraps a freshly connected stream.
-    pub(super) fn new(stream: TcpStream, home: Home) -> Self {
+    pub(super) fn new(stream: Stream, home: Home) -> Self {
         Self {
             stream,
             buf: BytesMut::new(),
@@ -124,7 +124,7 @@ impl Idle {
                 list.clear();
                 return None;
             }
-            if is_open(&p.conn.stream) {
+            if p.conn.stream.is_open() {
                 return Some(p.conn);
             }
         }
@@ -139,19 +139,11 @@ pub(super) fn checkout(client: u64, authority: &str, idle_timeout: Duration) -> 
         .flatten()
 }
 
-/// Whether a parked socket is still usable: no end-of-stream, error or stray bytes seen.
-fn is_open(stream: &TcpStream) -> bool {
-    let mut probe = [0u8; 1];
-    // Answers from the runtime's readiness state without a system call unless the socket
-    // became readable while parked, which for an idle HTTP/1 connection means it was closed.
-    matches!(stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
-    use tokio::net::TcpListener;
+    use tokio::net::{TcpListener, TcpStream};
 
     async fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -175,7 +167,7 @@ mod tests {
         for _ in 0..3 {
             let (c, s) = pair().await;
             servers.push(s);
-            Conn::new(c, home(1, 2, 60_000)).park();
+            Conn::new(Stream::Plain(c), home(1, 2, 60_000)).park();
         }
         // Two parked (max_idle 2), the third closed.
         assert!(checkout(1, "a:1", Duration::from_secs(60)).is_some());
@@ -183,7 +175,7 @@ mod tests {
         assert!(checkout(1, "a:1", Duration::from_secs(60)).is_none());
         // Other clients and authorities do not share.
         let (c, _s) = pair().await;
-        Conn::new(c, home(2, 2, 60_000)).park();
+        Conn::new(Stream::Plain(c), home(2, 2, 60_000)).park();
         assert!(checkout(1, "a:1", Duration::from_secs(60)).is_none());
         assert!(checkout(2, "b:1", Duration::from_secs(60)).is_none());
         assert!(checkout(2, "a:1", Duration::from_secs(60)).is_some());
@@ -193,24 +185,24 @@ mod tests {
     async fn closed_expired_or_dirty_connections_are_not_reused() {
         // Closed by the server while parked.
         let (c, s) = pair().await;
-        Conn::new(c, home(3, 4, 60_000)).park();
+        Conn::new(Stream::Plain(c), home(3, 4, 60_000)).park();
         drop(s);
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(checkout(3, "a:1", Duration::from_secs(60)).is_none());
         // Stray bytes from the server while parked.
         let (c, mut s) = pair().await;
-        Conn::new(c, home(4, 4, 60_000)).park();
+        Conn::new(Stream::Plain(c), home(4, 4, 60_000)).park();
         s.write_all(b"junk").await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(checkout(4, "a:1", Duration::from_secs(60)).is_none());
         // Parked longer than the idle timeout.
         let (c, _s) = pair().await;
-        Conn::new(c, home(5, 4, 1)).park();
+        Conn::new(Stream::Plain(c), home(5, 4, 1)).park();
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(checkout(5, "a:1", Duration::from_millis(1)).is_none());
         // Unread bytes at park time: never parked.
         let (c, _s) = pair().await;
-        let mut conn = Conn::new(c, home(6, 4, 60_000));
+        let mut conn = Conn::new(Stream::Plain(c), home(6, 4, 60_000));
         conn.buf.extend_from_slice(b"HTTP/1.1 200");
         conn.park();
         assert!(checkout(6, "a:1", Duration::from_secs(60)).is_none());

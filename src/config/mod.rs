@@ -24,7 +24,7 @@ pub use ratelimit::RateLimitsConfig;
 pub use routing::{HashMode, IndexSection, RoutingConfig, TokenizeSection};
 pub use server::{LimitsConfig, LogFormat, ServerConfig};
 pub use tls::{ClientAuth, ServerTlsConfig};
-pub use upstream::{HealthConfig, LoadConfig, UpstreamConfig};
+pub use upstream::{HealthConfig, LoadConfig, UpstreamConfig, UpstreamTlsConfig};
 
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -320,6 +320,9 @@ impl Config {
         if !(1..=16).contains(&u.max_attempts) {
             return Err(invalid("upstream.max_attempts", "must be between 1 and 16"));
         }
+        if let Some(t) = &u.tls {
+            t.validate()?;
+        }
         let h = &self.health;
         for (key, v) in [
             ("health.unhealthy_threshold", h.unhealthy_threshold),
@@ -496,8 +499,14 @@ impl Config {
             }
             for (i, inst) in pool.instances.iter().enumerate() {
                 let key = format!("pools[{p}].instances[{i}]");
-                let authority = crate::fleet::parse_base_url(&inst.url)
+                let (authority, https) = crate::fleet::parse_base_url(&inst.url)
                     .map_err(|m| invalid(format!("{key}.url"), m))?;
+                if https && self.upstream.tls.is_none() {
+                    return Err(invalid(
+                        format!("{key}.url"),
+                        "an https:// instance needs [upstream.tls] with ca_file",
+                    ));
+                }
                 let name = inst.name.clone().unwrap_or(authority);
                 if name.is_empty() || http::HeaderValue::from_str(&name).is_err() {
                     return Err(invalid(

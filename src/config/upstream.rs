@@ -29,6 +29,46 @@ pub struct UpstreamConfig {
     /// connect failures and 502/503 answers (and, with `idempotent_requests`, connections closed
     /// before an answer and 500/504 answers), and only before anything reached the client.
     pub max_attempts: u32,
+    /// `[upstream.tls]`: how `https://` instances are reached; required when any is.
+    pub tls: Option<UpstreamTlsConfig>,
+}
+
+/// `[upstream.tls]`: TLS to `https://` instances (health checks and scrapes included).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamTlsConfig {
+    /// PEM CA certificates that instances' certificates must chain to (the system's roots are
+    /// not used: engines usually carry certificates of a private CA).
+    pub ca_file: String,
+    /// PEM client certificate chain presented to instances that ask for one (mTLS); with
+    /// `key_file`.
+    pub cert_file: Option<String>,
+    /// PEM private key of `cert_file`.
+    pub key_file: Option<String>,
+}
+
+impl UpstreamTlsConfig {
+    /// Checks that the files are named consistently (their content is checked when the client
+    /// is built at start-up); the error names the key.
+    pub(super) fn validate(&self) -> Result<(), super::ConfigError> {
+        if self.ca_file.is_empty() {
+            return Err(super::invalid(
+                "upstream.tls.ca_file",
+                "required with [upstream.tls]",
+            ));
+        }
+        match (&self.cert_file, &self.key_file) {
+            (Some(_), None) => Err(super::invalid(
+                "upstream.tls.key_file",
+                "required with upstream.tls.cert_file",
+            )),
+            (None, Some(_)) => Err(super::invalid(
+                "upstream.tls.cert_file",
+                "required with upstream.tls.key_file",
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl Default for UpstreamConfig {
@@ -41,6 +81,7 @@ impl Default for UpstreamConfig {
             pool_idle_timeout_ms: 4_000,
             idempotent_requests: false,
             max_attempts: 3,
+            tls: None,
         }
     }
 }

@@ -31,6 +31,8 @@ pub struct Instance {
     pub pool: usize,
     /// `host:port`.
     pub authority: String,
+    /// Reached over TLS (`https://`; `[upstream.tls]`).
+    pub tls: bool,
     /// `authority` as the `Host` header of every request to it, built once.
     pub host_header: HeaderValue,
     /// Its configuration (KV event endpoints etc., read by the event ingestion).
@@ -63,7 +65,8 @@ impl Instance {
         flavour: Flavour,
         config: InstanceConfig,
     ) -> Result<Instance, GatewayError> {
-        let authority = super::parse_base_url(&config.url).map_err(GatewayError::Internal)?;
+        let (authority, tls) =
+            super::parse_base_url(&config.url).map_err(GatewayError::Internal)?;
         let name = config.name.clone().unwrap_or_else(|| authority.clone());
         let name_header =
             HeaderValue::from_str(&name).map_err(|e| GatewayError::Internal(e.to_string()))?;
@@ -75,6 +78,7 @@ impl Instance {
             name_header,
             pool,
             authority,
+            tls,
             host_header,
             flavour,
             health: Health::new(),

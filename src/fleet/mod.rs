@@ -33,20 +33,22 @@ pub use health::Health;
 pub use instance::Instance;
 pub use view::FleetView;
 
-/// Parses an instance base URL (`http://host:port`, optional trailing `/`); returns `host:port`.
-pub fn parse_base_url(url: &str) -> Result<String, String> {
+/// Parses an instance base URL (`http://host:port` or `https://host:port`, optional trailing
+/// `/`); returns `host:port` and whether it is `https`.
+pub fn parse_base_url(url: &str) -> Result<(String, bool), String> {
     let uri: http::Uri = url
         .parse()
         .map_err(|e| format!("`{url}` is not a URL: {e}"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
+    let https = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
         Some(other) => {
             return Err(format!(
-                "scheme `{other}` is not supported (use http:// to reach instances)"
+                "scheme `{other}` is not supported (use http:// or https:// to reach instances)"
             ))
         }
         None => return Err(format!("`{url}` has no scheme; write http://{url}")),
-    }
+    };
     let Some(authority) = uri.authority() else {
         return Err(format!("`{url}` has no host"));
     };
@@ -58,7 +60,7 @@ pub fn parse_base_url(url: &str) -> Result<String, String> {
     if authority.port_u16().is_none() {
         return Err(format!("`{url}` has no port"));
     }
-    Ok(authority.as_str().to_string())
+    Ok((authority.as_str().to_string(), https))
 }
 
 /// An exponentially weighted moving average of milliseconds, updated lock-free.

@@ -76,7 +76,13 @@ async fn get(
     limit: usize,
 ) -> Result<(http::StatusCode, bytes::Bytes), SendError> {
     client
-        .get_bytes(&inst.authority, &inst.host_header, path, timeout, limit)
+        .get_bytes(
+            (&inst.authority, inst.tls),
+            &inst.host_header,
+            path,
+            timeout,
+            limit,
+        )
         .await
 }
 

@@ -371,8 +371,9 @@ async fn forward(
         }
     }
     let (prep, stream, body_priority) = (ready.prep, ready.stream, ready.priority);
-    // Within budget now, or refused before anything is queued or routed.
-    let rate = state.rate_limits.admit(
+    // Within budget now, or refused before anything is queued or routed. The prompt's charge
+    // is given back if this returns (or is dropped) while no engine holds the request.
+    let (rate, mut charge) = state.rate_limits.admit(
         &tenant_label(state, who.as_ref().map(|p| &p.tenant)),
         u64::from(prep.prompt_tokens),
     )?;
@@ -445,6 +446,7 @@ async fn forward(
         let inst = &*inst;
         let up = Outgoing {
             authority: &inst.authority,
+            tls: inst.tls,
             host: &inst.host_header,
             method: &Method::POST,
             path_and_query,
@@ -453,6 +455,7 @@ async fn forward(
             body: &bytes,
         };
         let sent = Instant::now();
+        charge.at_engine(true);
         match state.client.send_to(up, first_byte).await {
             Ok(resp) => {
                 inst.header_latency
@@ -481,6 +484,7 @@ async fn forward(
                 if retryable {
                     // Refused or failed, not served: the prompt will not be cached there.
                     state.routing.retract(&prep, &routed);
+                    charge.at_engine(false);
                     tried.push(id);
                     last_tried = Some(routed.instance.clone());
                     if tried.len() < max_attempts && has_candidate(state, pool, &tried) {
@@ -508,6 +512,7 @@ async fn forward(
                 // Connect failure: the instance never saw the request. Closed: it went away with
                 // it; with idempotent requests that is as good as never having sent it.
                 state.routing.retract(&prep, &routed);
+                charge.at_engine(false);
                 let h = &cfg.health;
                 if inst.health.record_connect_failure(
                     state.clock.now_ms(),

@@ -1,10 +1,12 @@
-//! TLS on the listener, with rustls over the `ring` provider: the server config ([`server`]),
-//! its certificate reloading ([`reload`]) and PEM loading ([`pem`]).
+//! TLS with rustls over the `ring` provider: on the listener, the server config ([`server`])
+//! and its certificate reloading ([`reload`]); to `https://` instances, the upstream client's
+//! config ([`client`]); PEM loading ([`pem`]).
 //!
 //! Invariants:
 //! - Only TLS 1.2 and 1.3, with rustls' default (safe) cipher suites of the `ring` provider.
 //! - Nothing here panics on bad files: every failure is a [`TlsError`] naming the file.
 
+pub mod client;
 pub mod pem;
 pub mod reload;
 pub mod server;

@@ -3,15 +3,20 @@
 //! health shares are pushed; a few times a second, housekeeping.
 //!
 //! Invariants:
+//! - Decisions and retractions leave in the order they were recorded: one queue, drained whole
+//!   by this one task into batches numbered in that order (receivers keep the order across
+//!   batches, see `retracted`).
 //! - Each batch fits one datagram (`max_message_bytes`), gets the next sequence number and enters
 //!   the bounded resend log before it is sent.
 //! - A decision's TTL on the wire is the configured prediction TTL minus its age at sending, so a
 //!   delayed batch never extends a prediction.
 
-use crate::node::{wall_ms, Inner};
+use crate::checkpoints::checkpoint_positions;
+use crate::node::{wall_ms, Inner, PendingDecision};
 use crate::wire::envelope::OVERHEAD;
 use crate::wire::payload::{self, EntriesBuilder, LoadShare};
 use crate::wire::Kind;
+use kvgate_core::{BlockHash, InstanceId, Millis};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -45,6 +50,62 @@ pub(crate) async fn run(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) 
             last_house = now;
             inner.housekeeping().await;
         }
+    }
+}
+
+/// Queues a decision (or, with `retract`, takes one back) for the next flush: the blocks of
+/// `hashes` past `known`, as checkpoints with a stride > 1; a retraction always names every
+/// block past `known`, since a peer may have materialized the decision's whole prefix.
+pub(crate) fn enqueue(
+    inner: &Inner,
+    instance: InstanceId,
+    hashes: &[BlockHash],
+    known: usize,
+    now: Millis,
+    retract: bool,
+) {
+    let known = known.min(hashes.len());
+    if known == hashes.len() {
+        return;
+    }
+    let Some(key) = inner.directory.key_of(instance) else {
+        return;
+    };
+    let max = inner.cfg.max_pending_hashes;
+    let stride = inner.cfg.checkpoint_stride;
+    let mut selected: Vec<BlockHash> = if stride > 1 && !retract {
+        checkpoint_positions(known, hashes.len(), stride)
+            .map(|j| hashes[j])
+            .collect()
+    } else {
+        hashes[known..].to_vec()
+    };
+    selected.truncate(max);
+    let n = selected.len();
+    let d = PendingDecision {
+        key,
+        at: now,
+        wall: wall_ms(),
+        hashes: selected,
+        retract,
+    };
+    let mut p = inner.pending.lock();
+    let mut dropped = 0u64;
+    while p.hashes + n > max {
+        match p.items.pop_front() {
+            Some(old) => {
+                p.hashes -= old.hashes.len();
+                dropped += 1;
+            }
+            None => break,
+        }
+    }
+    p.hashes += n;
+    p.items.push_back(d);
+    p.dropped += dropped;
+    drop(p);
+    if dropped > 0 {
+        metrics::counter!(crate::metrics::DROPPED_DECISIONS_TOTAL).increment(dropped);
     }
 }
 

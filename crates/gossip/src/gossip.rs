@@ -7,23 +7,21 @@
 //! - `shutdown` leaves the cluster gracefully (peers see this replica leave at once instead of
 //!   after a failure-detection timeout) and waits for every task.
 
-use crate::checkpoints::{checkpoint_positions, Checkpoints};
 use crate::directory::InstanceDirectory;
 use crate::membership::{self, NodeIdentity};
-use crate::node::{Clock, Inner, PendingDecision, Stats};
+use crate::node::{Clock, Inner};
 use crate::status::{ClusterStatus, MemberStatus};
 use crate::store::PlacementStore;
 use crate::transport::{Transport, UdpTransport};
-use crate::wire::envelope::Keys;
-use crate::{flush, recv, snapshot, GossipConfig};
+use crate::{flush, recv, GossipConfig};
 use kvgate_core::load::RouterLoad;
 use kvgate_core::{BlockHash, InstanceId, Millis};
 use parking_lot::Mutex;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 /// Why gossip could not start.
@@ -146,38 +144,16 @@ impl Gossip {
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0);
         let (membership_tx, membership_rx) = mpsc::channel(1024);
-        let (cfg_stride, cfg_max_checkpoints) = (cfg.checkpoint_stride, cfg.max_checkpoints);
-        let inner = Arc::new(Inner {
-            keys: Keys::with_previous(
-                &cfg.cluster_id,
-                cfg.secret.as_bytes(),
-                &cfg.previous_secrets
-                    .iter()
-                    .map(|s| s.as_bytes())
-                    .collect::<Vec<_>>(),
-            ),
+        let inner = Arc::new(Inner::new(
             cfg,
             node_id,
             addr,
             transport,
-            store: index,
+            index,
             directory,
             clock,
-            counter: AtomicU64::new(1),
-            pending: Mutex::default(),
-            log: Mutex::default(),
-            local: Mutex::default(),
-            peers: Mutex::default(),
-            members: Default::default(),
-            agg: Default::default(),
-            stats: Stats::default(),
             membership_tx,
-            checkpoints: Checkpoints::new(cfg_stride, cfg_max_checkpoints),
-            has_checkpoints: AtomicBool::new(false),
-            stopping: AtomicBool::new(false),
-            snapshot_slots: Arc::new(Semaphore::new(snapshot::SNAPSHOT_SLOTS)),
-            usage_sink: std::sync::OnceLock::new(),
-        });
+        ));
         let (shutdown, rx) = watch::channel(false);
         let identity = NodeIdentity {
             addr,
@@ -220,12 +196,15 @@ impl Gossip {
         known: usize,
         now: Millis,
     ) {
-        self.queue(instance, hashes, known, now, false);
+        flush::enqueue(&self.inner, instance, hashes, known, now, false);
     }
 
     /// Takes back a decision shared by [`Gossip::record_decision`] with the same arguments: its
     /// request never reached `instance`. Peers drop their predictions (and checkpoints) of the
-    /// blocks past `known` there. Sent in the same delta stream, so it follows the decision.
+    /// blocks past `known` there. Queued behind the decision in the same delta stream, so peers
+    /// apply it after the decision whatever the flush boundaries, losses and resends in between;
+    /// it names every block past `known` (not only checkpoints), so it also takes back what a
+    /// peer already materialized from the decision's checkpoints.
     pub fn retract_decision(
         &self,
         instance: InstanceId,
@@ -233,61 +212,7 @@ impl Gossip {
         known: usize,
         now: Millis,
     ) {
-        self.queue(instance, hashes, known, now, true);
-    }
-
-    fn queue(
-        &self,
-        instance: InstanceId,
-        hashes: &[BlockHash],
-        known: usize,
-        now: Millis,
-        retract: bool,
-    ) {
-        let known = known.min(hashes.len());
-        if known == hashes.len() {
-            return;
-        }
-        let Some(key) = self.inner.directory.key_of(instance) else {
-            return;
-        };
-        let stride = self.inner.cfg.checkpoint_stride;
-        let selected: Vec<BlockHash> = if stride > 1 {
-            checkpoint_positions(known, hashes.len(), stride)
-                .map(|j| hashes[j])
-                .collect()
-        } else {
-            hashes[known..].to_vec()
-        };
-        let max = self.inner.cfg.max_pending_hashes;
-        let mut selected = selected;
-        selected.truncate(max);
-        let n = selected.len();
-        let d = PendingDecision {
-            key,
-            at: now,
-            wall: crate::node::wall_ms(),
-            hashes: selected,
-            retract,
-        };
-        let mut p = self.inner.pending.lock();
-        let mut dropped = 0u64;
-        while p.hashes + n > max {
-            match p.items.pop_front() {
-                Some(old) => {
-                    p.hashes -= old.hashes.len();
-                    dropped += 1;
-                }
-                None => break,
-            }
-        }
-        p.hashes += n;
-        p.items.push_back(d);
-        p.dropped += dropped;
-        drop(p);
-        if dropped > 0 {
-            metrics::counter!(crate::metrics::DROPPED_DECISIONS_TOTAL).increment(dropped);
-        }
+        flush::enqueue(&self.inner, instance, hashes, known, now, true);
     }
 
     /// Turns peers' checkpoints found in `hashes` (a prompt's block chain) into `Source::Peer`

@@ -18,7 +18,8 @@
 //! - [`membership`]: SWIM membership and failure detection with the `foca` crate (no I/O core),
 //!   driven by one task; seeds from static addresses or a DNS name (`seeds` module).
 //! - `flush` / `recv` / `snapshot`: the data plane: batched deltas out, authenticated datagrams
-//!   in, snapshots for joiners.
+//!   in, snapshots for joiners; `retracted`: recent retractions, so a decision resent behind the
+//!   retraction that took it back stays taken back.
 //! - [`wire`]: the encrypted envelope (ChaCha20-Poly1305, cluster id, replay window) and the compact
 //!   binary payloads.
 //! - [`transport`]: datagram I/O behind a trait (UDP, plus a partition switch for tests).
@@ -79,7 +80,8 @@
 //! decision (0.8 MB/s sending every hash). `docs/gossip.md` has the measured figures.
 //!
 //! State is bounded independently of traffic: the pending queue by `max_pending_hashes` (oldest
-//! dropped and counted), the resend log by `log_max_bytes`, the peer table by 1,024 authenticated
+//! dropped and counted), the resend log by `log_max_bytes`, remembered retractions by 16,384
+//! blocks, the peer table by 1,024 authenticated
 //! senders, the replay table by 4,096 senders, per-peer shares by the directory's instances, the
 //! membership channel by 1,024 packets, and snapshots in flight by 2; received predictions live in
 //! the index, under the index's own bounds.
@@ -93,10 +95,13 @@ pub mod membership;
 pub mod metrics;
 mod node;
 mod recv;
+mod retracted;
 mod seeds;
 mod snapshot;
 pub mod status;
 pub mod store;
+#[cfg(test)]
+mod testkit;
 pub mod transport;
 pub mod wire;
 

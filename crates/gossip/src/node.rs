@@ -10,6 +10,7 @@
 use crate::checkpoints::Checkpoints;
 use crate::directory::InstanceDirectory;
 use crate::membership::{MemberView, MembershipInput, NodeIdentity};
+use crate::retracted::Retracted;
 use crate::store::PlacementStore;
 use crate::transport::Transport;
 use crate::wire::envelope::{Header, Keys, Reject};
@@ -181,9 +182,51 @@ pub(crate) struct Inner {
     pub snapshot_slots: Arc<Semaphore>,
     /// Receives peers' usage reports, once the caller set it.
     pub usage_sink: std::sync::OnceLock<UsageSink>,
+    /// Retractions applied recently, so a late (resent) decision they took back stays out.
+    pub retracted: Mutex<Retracted>,
 }
 
 impl Inner {
+    /// The state of a replica `node_id` advertising `addr`, before any task runs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        cfg: GossipConfig,
+        node_id: u64,
+        addr: SocketAddr,
+        transport: Arc<dyn Transport>,
+        store: Arc<dyn PlacementStore>,
+        directory: InstanceDirectory,
+        clock: Clock,
+        membership_tx: mpsc::Sender<MembershipInput>,
+    ) -> Self {
+        let previous: Vec<&[u8]> = cfg.previous_secrets.iter().map(|s| s.as_bytes()).collect();
+        Inner {
+            keys: Keys::with_previous(&cfg.cluster_id, cfg.secret.as_bytes(), &previous),
+            checkpoints: Checkpoints::new(cfg.checkpoint_stride, cfg.max_checkpoints),
+            retracted: Mutex::new(Retracted::new(cfg.prediction_ttl_ms)),
+            cfg,
+            node_id,
+            addr,
+            transport,
+            store,
+            directory,
+            clock,
+            counter: AtomicU64::new(1),
+            pending: Mutex::default(),
+            log: Mutex::default(),
+            local: Mutex::default(),
+            peers: Mutex::default(),
+            members: Default::default(),
+            agg: Default::default(),
+            stats: Stats::default(),
+            membership_tx,
+            has_checkpoints: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            snapshot_slots: Arc::new(Semaphore::new(crate::snapshot::SNAPSHOT_SLOTS)),
+            usage_sink: std::sync::OnceLock::new(),
+        }
+    }
+
     pub fn now(&self) -> Millis {
         (self.clock)()
     }
@@ -272,9 +315,10 @@ impl Inner {
     /// Applies predictions received from `from`: full hash lists (`stride` 1) go to the index,
     /// checkpoints to the checkpoint store. Entries without a decision time (snapshots) give no
     /// lag sample.
-    /// `retractions`: whether an entry with a TTL of 0 takes a decision back (deltas) rather
-    /// than being merely expired (snapshots).
-    pub fn apply_entries(&self, from: u64, entries: &[Entry], stride: u64, retractions: bool) {
+    /// `seq`: the delta batch's sequence number, or `None` for a snapshot chunk. In a delta an
+    /// entry with a TTL of 0 takes a decision back (in a snapshot it is merely expired), and a
+    /// decision a later batch already took back (this batch was resent late) is not applied.
+    pub fn apply_entries(&self, from: u64, entries: &[Entry], stride: u64, seq: Option<u64>) {
         if stride > 1 && stride != self.cfg.checkpoint_stride as u64 {
             // Still usable (each decision's last block is a checkpoint), but misconfigured.
             self.count_reject("stride_mismatch");
@@ -282,26 +326,43 @@ impl Inner {
         let now = self.now();
         let wall = wall_ms();
         let mut lag: Option<u64> = None;
+        let mut kept: Vec<BlockHash> = Vec::new();
         for e in entries {
             let Some(id) = self.directory.id_of_key(e.instance_key) else {
                 self.count_reject("unknown_instance");
                 continue;
             };
-            if e.ttl_ms == 0 && retractions {
-                // Materialized predictions and checkpoints alike.
+            if let (0, Some(seq)) = (e.ttl_ms, seq) {
+                // A retraction carries every block past what its origin already knew, so it
+                // also removes what was materialized here from the decision's checkpoints.
                 self.checkpoints.retract(id, &e.hashes);
                 self.store.retract_peer(id, &e.hashes);
+                self.retracted.lock().note(from, id, &e.hashes, seq, now);
                 continue;
             }
             let ttl = e.ttl_ms.min(self.cfg.prediction_ttl_ms);
             if ttl == 0 || e.hashes.is_empty() {
                 continue;
             }
+            let mut hashes = &e.hashes[..];
+            if let Some(seq) = seq {
+                let r = self.retracted.lock();
+                if r.len() > 0 {
+                    kept.clear();
+                    kept.extend_from_slice(hashes);
+                    if r.filter(from, id, seq, &mut kept, now) > 0 {
+                        hashes = &kept;
+                    }
+                }
+            }
+            if hashes.is_empty() {
+                continue;
+            }
             if stride > 1 {
-                self.checkpoints.insert(id, &e.hashes, ttl, now);
+                self.checkpoints.insert(id, hashes, ttl, now);
                 self.has_checkpoints.store(true, Ordering::Relaxed);
             } else {
-                self.store.predict_peer(id, &e.hashes, ttl, now);
+                self.store.predict_peer(id, hashes, ttl, now);
             }
             if e.decided_wall_ms != 0 {
                 let l = wall.saturating_sub(e.decided_wall_ms);

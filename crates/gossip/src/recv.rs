@@ -94,7 +94,7 @@ async fn dispatch(
                 stride,
                 entries,
             } = payload::decode_delta(p)?;
-            inner.apply_entries(h.sender, &entries, stride, true);
+            inner.apply_entries(h.sender, &entries, stride, Some(seq));
             if let Some((from, to)) = inner.track_seq(h.sender, seq) {
                 if to - from < MAX_RESEND_SPAN {
                     let mut buf = Vec::new();
@@ -123,7 +123,7 @@ async fn dispatch(
         }
         Kind::SnapshotChunk => {
             let (ch, entries) = payload::decode_chunk(p)?;
-            inner.apply_entries(h.sender, &entries, 1, false);
+            inner.apply_entries(h.sender, &entries, 1, None);
             let now = inner.now();
             let mut peers = inner.peers.lock();
             if let Some(peer) = peers.get_mut(&h.sender) {
@@ -160,4 +160,108 @@ async fn dispatch(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The order of a replica's decisions and retractions as its peers apply them, whatever the
+    //! flush boundaries, materialization and resends in between: sans-I/O, datagrams moved by hand.
+
+    use super::*;
+    use crate::flush;
+    use crate::testkit::{config, Replica};
+    use kvgate_core::{BlockHash, InstanceId};
+
+    const BAD: u32 = 0;
+    const GOOD: u32 = 2;
+
+    fn prompt() -> Vec<BlockHash> {
+        (1_000..1_048).collect() // 48 blocks: checkpoints at 15, 31, 47 with stride 16
+    }
+
+    fn pair(stride: usize) -> (Replica, Replica) {
+        let a = Replica::new(0xA1, 7001, config(stride));
+        let b = Replica::new(0xB1, 7002, config(stride));
+        a.knows(&b);
+        b.knows(&a);
+        (a, b)
+    }
+
+    async fn deliver(to: &Replica, from: &Replica, datagrams: &[Vec<u8>]) {
+        let mut guard = ReplayGuard::new(to.inner.cfg.max_clock_skew_ms);
+        let mut plain = Vec::new();
+        for d in datagrams {
+            handle(&to.inner, d, from.inner.addr, &mut guard, &mut plain).await;
+        }
+    }
+
+    /// The gateway's sequence for an attempt refused with 503 and retried: decide on `BAD`,
+    /// take it back, decide on `GOOD`; with a flush between the first decision and the rest.
+    async fn refused_then_retried(a: &Replica, p: &[BlockHash]) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+        flush::enqueue(&a.inner, InstanceId(BAD), p, 0, 0, false);
+        flush::flush_decisions(&a.inner).await;
+        let first = a.take_sent();
+        flush::enqueue(&a.inner, InstanceId(BAD), p, 0, 0, true);
+        flush::enqueue(&a.inner, InstanceId(GOOD), p, 0, 0, false);
+        flush::flush_decisions(&a.inner).await;
+        (first, a.take_sent())
+    }
+
+    #[tokio::test]
+    async fn a_retraction_takes_back_what_the_peer_materialized_from_checkpoints() {
+        let (a, b) = pair(16);
+        let p = prompt();
+        let (first, rest) = refused_then_retried(&a, &p).await;
+        deliver(&b, &a, &first).await;
+        // A prompt arrives at B between the two flushes: the checkpoints become predictions.
+        assert_eq!(b.holds(BAD, &p), 48, "B learned the first decision");
+        deliver(&b, &a, &rest).await;
+        assert_eq!(b.holds(GOOD, &p), 48, "B learned the retry's decision");
+        assert_eq!(b.holds(BAD, &p), 0, "B still predicts the refusing engine");
+    }
+
+    #[tokio::test]
+    async fn a_resent_decision_behind_its_retraction_stays_retracted() {
+        for stride in [1, 16] {
+            let (a, b) = pair(stride);
+            let p = prompt();
+            let (first, rest) = refused_then_retried(&a, &p).await;
+            // The first batch is lost and resent after the second arrived.
+            deliver(&b, &a, &rest).await;
+            deliver(&b, &a, &first).await;
+            assert_eq!(b.holds(GOOD, &p), 48, "stride {stride}");
+            assert_eq!(
+                b.holds(BAD, &p),
+                0,
+                "stride {stride}: the late decision came back"
+            );
+
+            // A later decision for the same blocks there (the engine serves again) applies.
+            flush::enqueue(&a.inner, InstanceId(BAD), &p, 0, 0, false);
+            flush::flush_decisions(&a.inner).await;
+            deliver(&b, &a, &a.take_sent()).await;
+            assert_eq!(
+                b.holds(BAD, &p),
+                48,
+                "stride {stride}: a newer decision is applied"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn decision_and_retraction_in_one_batch_cancel() {
+        for stride in [1, 16] {
+            let (a, b) = pair(stride);
+            let p = prompt();
+            flush::enqueue(&a.inner, InstanceId(BAD), &p, 0, 0, false);
+            flush::enqueue(&a.inner, InstanceId(BAD), &p, 0, 0, true);
+            flush::enqueue(&a.inner, InstanceId(GOOD), &p, 0, 0, false);
+            flush::flush_decisions(&a.inner).await;
+            let sent = a.take_sent();
+            assert_eq!(sent.len(), 1, "one batch");
+            deliver(&b, &a, &sent).await;
+            assert_eq!(b.holds(BAD, &p), 0, "stride {stride}");
+            assert_eq!(b.holds(GOOD, &p), 48, "stride {stride}");
+        }
+    }
 }

@@ -16,9 +16,11 @@
 //!   so hyper's answers (400, 405, 413, 431, admin routes, HTTP/2 with prior knowledge) stand.
 //! - Answers are framed here: `Content-Length` when the body's size is known, chunked otherwise
 //!   (none for 1xx/204/304); framing and connection headers from the handler never pass through.
-//! - While an answer is relayed the client socket is watched: end of file or an error drops the
-//!   answer, and so the upstream request; bytes that arrive (a pipelined request) are kept, up to
-//!   [`MAX_HEAD_BYTES`] beyond which the socket is no longer read until the answer ends.
+//! - While a request is handled (queued, routed, waiting for its answer's head) and while its
+//!   answer is relayed the client socket is watched: end of file or an error drops the request
+//!   or the answer, and so the upstream request (as hyper drops a closed connection's handler);
+//!   bytes that arrive (a pipelined request) are kept, up to [`MAX_HEAD_BYTES`] beyond which the
+//!   socket is no longer read until the answer ends.
 //! - Between requests a cancelled drain token closes the connection; a request under way finishes.
 //! - `[server.limits]` hold here as on hyper (see [`super::limits`]): idle and header deadlines
 //!   while waiting for a head, the body deadline and the body budget before a body is buffered
@@ -171,7 +173,27 @@ pub async fn serve<S: Wire>(
         let body = buf.split_to(head.body_len).freeze();
         let close = head.close;
         let req = head::request(head, head_bytes, body);
-        let reply = super::handle_raw(conns.service.state(), endpoint, req).await;
+        // Scoped, so that the handler's state and the answer's share the task's memory.
+        let reply = {
+            let handling = super::handle_raw(conns.service.state(), endpoint, req);
+            tokio::pin!(handling);
+            let mut watching = true;
+            loop {
+                tokio::select! {
+                    biased;
+                    reply = &mut handling => break reply,
+                    gone = stream.client_gone(&mut buf), if watching => {
+                        if gone {
+                            // Dropping the handler takes the request out of the admission
+                            // queue (or off its instance) and gives back what it was charged
+                            // while no engine held it.
+                            return;
+                        }
+                        watching = buf.len() < MAX_HEAD_BYTES;
+                    }
+                }
+            }
+        };
         // The body was forwarded (or refused) and is dropped with the request.
         drop(reserved);
         let close = close || conns.drain.is_cancelled();

@@ -90,6 +90,20 @@ impl Bucket {
         self.level = self.level.saturating_sub(self.scaled(units));
     }
 
+    /// Gives back `units` charged at `charged_at`, less what the bucket refilled since then, and
+    /// never above the capacity; returns the whole units given back. Less the refill, because
+    /// without the charge the bucket would have been that much fuller and may have lost up to
+    /// that refill to its cap: a refund never leaves it fuller than if the charge had not been
+    /// made.
+    pub fn refund(&mut self, now: Millis, units: u64, charged_at: Millis) -> u64 {
+        self.refill(now);
+        let refilled = i128::from(now.saturating_sub(charged_at)) * i128::from(self.per_period);
+        let back = (self.scaled(units) - refilled).max(0);
+        let before = self.level;
+        self.level = (self.level + back).min(self.scaled(self.capacity));
+        u64::try_from((self.level - before) / i128::from(self.period_ms)).unwrap_or(0)
+    }
+
     /// Whether the bucket is full at `now` (holds no state worth keeping).
     pub fn is_full(&mut self, now: Millis) -> bool {
         self.refill(now);
@@ -144,6 +158,24 @@ mod tests {
         assert_eq!(b.check(0, 1), Err(60_100));
         let s = b.status(0);
         assert_eq!((s.remaining, s.reset_ms), (0, 120_000));
+    }
+
+    #[test]
+    fn a_refund_gives_back_at_most_up_to_the_capacity() {
+        let mut b = Bucket::new(600, 60_000, 600, 0);
+        b.charge(0, 1000);
+        assert_eq!(b.refund(0, 1000, 0), 1000);
+        assert_eq!(b.level(0), 600);
+        b.charge(0, 100);
+        assert_eq!(b.refund(0, 1_000_000, 0), 100);
+        assert_eq!(b.level(0), 600, "capped");
+        // Charged 1,000 at 0 (level -400); 2 s later 20 tokens have refilled (-380), and
+        // without the charge the bucket would have been at 600 all along: 980 come back.
+        b.charge(0, 1000);
+        assert_eq!(b.refund(2_000, 1000, 0), 980);
+        assert_eq!(b.level(2_000), 600);
+        b.charge(2_000, 100);
+        assert_eq!(b.refund(20_000, 100, 2_000), 0, "refilled long since");
     }
 
     #[test]

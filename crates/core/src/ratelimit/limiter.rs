@@ -9,6 +9,15 @@
 //!   tokens, and later its output tokens, may drive the token bucket below zero.
 //! - Every local charge is also added to the tenant slot's cumulative usage, which is what
 //!   replicas tell each other ([`super::usage`]).
+//! - A refund ([`Limiter::refund`]) gives back at most the prompt tokens its [`Ticket`] was
+//!   charged, once (the ticket is consumed), to the very slot charged and only while that slot
+//!   still exists (a slot reused by another tenant, or replaced by a reconfiguration with other
+//!   limits, is not credited), never above the bucket's capacity; the request itself stays
+//!   charged. So refunds cannot admit more than the limits: at most what the refunded requests
+//!   took is given back.
+//! - Reported usage stays cumulative (it never decreases): a refund of tokens not yet reported
+//!   is taken off the report; one already reported becomes a credit that the slot's next charges
+//!   use up before they are reported, so peers end up charged the net usage.
 
 use super::bucket::{Bucket, BucketStatus};
 use super::{Limits, TenantKey, OTHER_TENANT};
@@ -28,6 +37,12 @@ struct Slot {
     tokens: Option<Bucket>,
     /// Cumulative usage charged here by this replica: requests, tokens.
     used: (u64, u64),
+    /// Tokens of `used` already told to peers (a refund cannot take those back).
+    reported_tokens: u64,
+    /// Refunded tokens peers were already told of: taken off the next charges' reports.
+    credit: u64,
+    /// Which slot this is, so that a ticket refunds only the slot that charged it.
+    generation: u64,
 }
 
 impl Slot {
@@ -41,7 +56,17 @@ impl Slot {
                 .tokens_per_minute
                 .map(|t| Bucket::new(t, TOKEN_PERIOD_MS, limits.token_burst(), now)),
             used: (0, 0),
+            reported_tokens: 0,
+            credit: 0,
+            generation: 0,
         }
+    }
+
+    /// Adds `tokens` charged here to the usage reported to peers, after any credit.
+    fn add_used_tokens(&mut self, tokens: u64) {
+        let c = tokens.min(self.credit);
+        self.credit -= c;
+        self.used.1 += tokens - c;
     }
 
     fn is_idle(&mut self, now: Millis) -> bool {
@@ -113,6 +138,25 @@ enum Place {
     Shared,
 }
 
+/// What one admission charged, to give its prompt tokens back if the request then fails
+/// before any engine computed it ([`Limiter::refund`]). Not `Clone`: a charge is refunded once.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Ticket {
+    place: Place,
+    generation: u64,
+    tokens: u64,
+    at: Millis,
+}
+
+/// An admitted request: the buckets after its charge, and the ticket to refund it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Admission {
+    /// The tenant's buckets after the admission.
+    pub status: RateStatus,
+    /// What was charged.
+    pub ticket: Ticket,
+}
+
 /// Every tenant's buckets, bounded.
 #[derive(Debug)]
 pub struct Limiter {
@@ -121,6 +165,8 @@ pub struct Limiter {
     configured: AHashMap<TenantKey, Slot>,
     others: AHashMap<TenantKey, Slot>,
     shared: Slot,
+    /// The last slot generation given out.
+    generations: u64,
 }
 
 impl Limiter {
@@ -133,6 +179,16 @@ impl Limiter {
             configured: AHashMap::new(),
             others: AHashMap::new(),
             shared: Slot::new(defaults, now),
+            generations: 0,
+        }
+    }
+
+    /// A new slot with a generation of its own.
+    fn new_slot(&mut self, limits: Limits, now: Millis) -> Slot {
+        self.generations += 1;
+        Slot {
+            generation: self.generations,
+            ..Slot::new(limits, now)
         }
     }
 
@@ -152,9 +208,11 @@ impl Limiter {
                 Some(s) if s.limits == limits => s,
                 Some(s) => Slot {
                     used: s.used,
-                    ..Slot::new(limits, now)
+                    reported_tokens: s.reported_tokens,
+                    credit: s.credit,
+                    ..self.new_slot(limits, now)
                 },
-                None => Slot::new(limits, now),
+                None => self.new_slot(limits, now),
             };
             self.configured.insert(key, slot);
         }
@@ -207,7 +265,8 @@ impl Limiter {
                 None => return Some(Place::Shared),
             }
         }
-        self.others.insert(tenant, Slot::new(self.defaults, now));
+        let slot = self.new_slot(self.defaults, now);
+        self.others.insert(tenant, slot);
         Some(Place::Other(tenant))
     }
 
@@ -226,7 +285,7 @@ impl Limiter {
         tenant: TenantKey,
         prompt_tokens: u64,
         now: Millis,
-    ) -> Result<Option<RateStatus>, Denied> {
+    ) -> Result<Option<Admission>, Denied> {
         let Some(place) = self.place(tenant, now) else {
             return Ok(None);
         };
@@ -258,8 +317,40 @@ impl Limiter {
         }
         slot.charge(now, 1, prompt_tokens);
         slot.used.0 += 1;
-        slot.used.1 += prompt_tokens;
-        Ok(Some(slot.status(now)))
+        slot.add_used_tokens(prompt_tokens);
+        Ok(Some(Admission {
+            status: slot.status(now),
+            ticket: Ticket {
+                place,
+                generation: slot.generation,
+                tokens: prompt_tokens,
+                at: now,
+            },
+        }))
+    }
+
+    /// Gives back the prompt tokens `ticket` charged, less what the token bucket refilled since
+    /// (see [`Bucket::refund`]): its request failed before any engine computed it. The request
+    /// stays charged (it still cost a round of routing, and keeps retry storms within the
+    /// request rate). Returns the tokens given back (0 if the slot charged is gone or its
+    /// limits changed).
+    pub fn refund(&mut self, ticket: Ticket, now: Millis) -> u64 {
+        let Some(slot) = self.slot(ticket.place) else {
+            return 0;
+        };
+        if slot.generation != ticket.generation || ticket.tokens == 0 {
+            return 0;
+        }
+        let back = match slot.tokens.as_mut() {
+            Some(b) => b.refund(now, ticket.tokens, ticket.at),
+            None => ticket.tokens,
+        };
+        // Take the refund off what peers have not been told yet; the rest is a credit.
+        let unreported = slot.used.1.saturating_sub(slot.reported_tokens);
+        let off = back.min(unreported);
+        slot.used.1 -= off;
+        slot.credit = slot.credit.saturating_add(back - off);
+        back
     }
 
     /// Charges `tokens` more to `tenant` (output tokens as they stream), unconditionally.
@@ -269,7 +360,7 @@ impl Limiter {
         }
         if let Some(slot) = self.place(tenant, now).and_then(|p| self.slot(p)) {
             slot.charge(now, 0, tokens);
-            slot.used.1 += tokens;
+            slot.add_used_tokens(tokens);
         }
     }
 
@@ -287,16 +378,20 @@ impl Limiter {
     }
 
     /// This replica's cumulative usage per slot: `(tenant, requests, tokens)`; the shared slot
-    /// is [`OTHER_TENANT`]. At most configured + `max_others` + 1 entries.
-    pub fn usage(&self) -> Vec<(TenantKey, u64, u64)> {
+    /// is [`OTHER_TENANT`]. At most configured + `max_others` + 1 entries. What it returns counts
+    /// as told to peers (a later refund cannot take it back, see [`Limiter::refund`]).
+    pub fn usage(&mut self) -> Vec<(TenantKey, u64, u64)> {
         let all = self
             .configured
-            .iter()
-            .chain(self.others.iter())
-            .map(|(k, s)| (*k, s.used.0, s.used.1));
-        let shared = (OTHER_TENANT, self.shared.used.0, self.shared.used.1);
+            .iter_mut()
+            .chain(self.others.iter_mut())
+            .map(|(k, s)| (*k, s));
+        let shared = (OTHER_TENANT, &mut self.shared);
         all.chain(std::iter::once(shared))
-            .filter(|(_, r, t)| *r > 0 || *t > 0)
+            .filter_map(|(k, s)| {
+                s.reported_tokens = s.used.1;
+                (s.used.0 > 0 || s.used.1 > 0).then_some((k, s.used.0, s.used.1))
+            })
             .collect()
     }
 
@@ -336,6 +431,60 @@ mod tests {
         assert_eq!(d.status.tokens.unwrap().remaining, 580);
         // Untouched by the refusal.
         assert_eq!(l.usage(), vec![(a, 2, 20)]);
+    }
+
+    #[test]
+    fn a_refund_gives_back_the_prompt_tokens_once_but_not_the_request() {
+        let a = tenant_key("a");
+        let mut l = Limiter::new(Limits::default(), 4, 0);
+        l.configure([(a, limits(2, 600))], 0);
+        let t = l.admit(a, 500, 0).unwrap().unwrap().ticket;
+        assert_eq!(l.refund(t, 0), 500);
+        let s = l.status(a, 0).unwrap();
+        assert_eq!(s.tokens.unwrap().remaining, 600, "tokens back");
+        assert_eq!(
+            s.requests.unwrap().remaining,
+            1,
+            "the request stays charged"
+        );
+        // Not reported yet, so peers never hear of the refunded tokens.
+        assert_eq!(l.usage(), vec![(a, 1, 0)]);
+    }
+
+    #[test]
+    fn a_refund_of_reported_tokens_is_credited_against_later_reports() {
+        let a = tenant_key("a");
+        let mut l = Limiter::new(Limits::default(), 4, 0);
+        l.configure([(a, limits(100, 6_000))], 0);
+        let t = l.admit(a, 500, 0).unwrap().unwrap().ticket;
+        assert_eq!(l.usage(), vec![(a, 1, 500)], "told to peers");
+        l.refund(t, 0);
+        assert_eq!(l.usage(), vec![(a, 1, 500)], "reports never go down");
+        l.admit(a, 300, 0).unwrap();
+        assert_eq!(
+            l.usage(),
+            vec![(a, 2, 500)],
+            "the credit absorbs the next 300"
+        );
+        l.charge_tokens(a, 400, 0);
+        assert_eq!(l.usage(), vec![(a, 2, 700)], "then the net: 300 + 400");
+    }
+
+    #[test]
+    fn a_refund_reaches_only_the_slot_that_charged_it() {
+        let mut l = Limiter::new(limits(1, 1_000), 1, 0);
+        let (x, y) = (tenant_key("x"), tenant_key("y"));
+        let t = l.admit(x, 900, 0).unwrap().unwrap().ticket;
+        // x's slot idles full again and is given to y.
+        l.admit(y, 900, 60_000).unwrap();
+        assert_eq!(l.refund(t, 60_000), 0, "not y's budget");
+        assert_eq!(l.status(y, 60_000).unwrap().tokens.unwrap().remaining, 100);
+        // Reconfigured with other limits: a fresh slot, not refunded either.
+        let a = tenant_key("a");
+        l.configure([(a, limits(5, 1_000))], 0);
+        let t = l.admit(a, 900, 60_000).unwrap().unwrap().ticket;
+        l.configure([(a, limits(6, 1_000))], 60_000);
+        assert_eq!(l.refund(t, 60_000), 0);
     }
 
     #[test]

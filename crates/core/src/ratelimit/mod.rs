@@ -5,6 +5,8 @@
 //! - [`limiter::Limiter`]: a request bucket and a token bucket per tenant in a bounded map
 //!   (configured tenants, at most `max_others` others, then one shared `other` slot), all or
 //!   nothing admission, and the cumulative usage a replica tells its peers.
+//!   A request that fails before any engine computed it gets its prompt tokens back
+//!   ([`limiter::Limiter::refund`]); the request itself stays charged.
 //! - [`usage::PeerLedger`]: turns peers' cumulative reports into the deltas charged here, so
 //!   that N replicas enforce one budget.
 //!
@@ -23,7 +25,7 @@ pub mod usage;
 mod tests;
 
 pub use bucket::{Bucket, BucketStatus};
-pub use limiter::{Denied, Exceeded, Limiter, RateStatus};
+pub use limiter::{Admission, Denied, Exceeded, Limiter, RateStatus, Ticket};
 pub use usage::PeerLedger;
 
 use serde::{Deserialize, Serialize};

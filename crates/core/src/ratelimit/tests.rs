@@ -58,6 +58,67 @@ proptest! {
         }
     }
 
+    /// Refunds cannot be used to exceed the limits: with some requests failing and refunded
+    /// later (any number of arrivals later), requests still stay within burst + rate × t (a
+    /// refund never gives a request back) and the tokens of the requests that did not fail
+    /// within token burst + token rate × t.
+    #[test]
+    fn refunds_never_admit_more_than_the_limits(
+        rps in 1u64..50,
+        burst in 1u64..20,
+        tpm in 1u64..100_000,
+        tburst in 1u64..5_000,
+        arrivals in prop::collection::vec(
+            (0u64..40, 0u64..400, 0u64..300, prop::option::of(0usize..5)),
+            1..300,
+        ),
+    ) {
+        let a = tenant_key("a");
+        let mut l = Limiter::new(Limits::default(), 0, 0);
+        l.configure([(a, limits(rps, burst, tpm, tburst))], 0);
+        let mut now: Millis = 0;
+        let mut admitted: Vec<(Millis, u64)> = Vec::new();
+        // (arrival index at which it is refunded, ticket)
+        let mut failing: Vec<(usize, Ticket)> = Vec::new();
+        for (i, (gap, prompt, output, fails_after)) in arrivals.into_iter().enumerate() {
+            now += gap;
+            let (due, later): (Vec<_>, Vec<_>) = failing.drain(..).partition(|(at, _)| *at <= i);
+            failing = later;
+            for (_, t) in due {
+                prop_assert!(l.refund(t, now) <= 400);
+            }
+            match (l.admit(a, prompt, now), fails_after) {
+                (Ok(Some(adm)), Some(d)) => {
+                    failing.push((i + d, adm.ticket));
+                    admitted.push((now, 0));
+                }
+                (Ok(None), _) => prop_assert!(false, "configured tenant unlimited"),
+                (Ok(Some(_)), None) => {
+                    l.charge_tokens(a, output, now);
+                    admitted.push((now, prompt + output));
+                }
+                (Err(_), _) => {}
+            }
+        }
+        for i in 0..admitted.len() {
+            let mut tokens = 0u64;
+            for j in i..admitted.len() {
+                let dt = u128::from(admitted[j].0 - admitted[i].0);
+                let count = (j - i + 1) as u128;
+                prop_assert!(
+                    count * 1000 <= u128::from(burst) * 1000 + u128::from(rps) * dt,
+                    "{count} requests in {dt} ms"
+                );
+                prop_assert!(
+                    u128::from(tokens) * 60_000 + 60_000
+                        <= u128::from(tburst) * 60_000 + u128::from(tpm) * dt,
+                    "{tokens} tokens in {dt} ms"
+                );
+                tokens += admitted[j].1;
+            }
+        }
+    }
+
     /// Usage reports are cumulative: however they are duplicated or reordered, the deltas a
     /// ledger returns add up to the newest totals.
     #[test]
@@ -131,7 +192,7 @@ fn cluster(n: usize, rps: u64, burst: u64, interval: Millis, latency: Millis) ->
             }
         }
         if now % interval == 0 {
-            for (from, (l, _)) in nodes.iter().enumerate() {
+            for (from, (l, _)) in nodes.iter_mut().enumerate() {
                 let report = l.usage();
                 for to in (0..n).filter(|&t| t != from) {
                     in_flight.push_back((now + latency, from, to, report.clone()));

@@ -415,4 +415,30 @@ mod tests {
         assert_eq!(g.check(&hdr(201, 8_000), 10_000), Err(Reject::Stale));
         assert_eq!(g.check(&hdr(201, 12_000), 10_000), Err(Reject::Stale));
     }
+
+    #[test]
+    fn replay_table_is_bounded_and_evicts_the_longest_silent_sender() {
+        let mut g = ReplayGuard::new(1_000_000);
+        let h = |sender: u64, counter: u64| Header {
+            sender,
+            ..hdr(counter, 10_000)
+        };
+        for s in 0..MAX_SENDERS as u64 {
+            assert_eq!(g.check(&h(s, 1), 10_000 + s), Ok(()));
+        }
+        assert_eq!(
+            g.check(&h(1, 1), 20_000),
+            Err(Reject::Replay),
+            "sender 1 is fresh"
+        );
+        assert_eq!(g.check(&h(u64::MAX, 1), 20_001), Ok(()));
+        assert_eq!(g.senders.len(), MAX_SENDERS);
+        // Sender 0, silent longest, was evicted: only the timestamp window guards it now.
+        assert_eq!(
+            g.check(&h(0, 1), 20_002),
+            Ok(()),
+            "evicted window forgotten"
+        );
+        assert_eq!(g.senders.len(), MAX_SENDERS);
+    }
 }

@@ -1,0 +1,283 @@
+//! TLS to instances: an `https://` instance is reached through `[upstream.tls]` (its CA bundle,
+//! and the gateway's client certificate when the engine requires one), for proxied requests,
+//! streaming and health checks alike; an engine whose certificate the CA did not sign, or that
+//! requires a certificate the gateway does not present, is never reached; bad settings and
+//! files stop the start-up with an error naming them.
+//!
+//! The engine is a TLS terminator (tokio-rustls, certificates made at test time by
+//! `common/pki.rs`) in front of a plain mock, all on 127.0.0.1 port 0.
+
+mod common;
+#[path = "common/pki.rs"]
+mod pki;
+
+use common::*;
+use kvgate::config::{Config, UpstreamTlsConfig};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A TLS engine: handshakes counted, plaintext relayed to the mock returned beside it.
+struct TlsEngine {
+    url: String,
+    handshakes: Arc<AtomicUsize>,
+}
+
+/// Starts a TLS engine with a server certificate from `server_ca`, requiring client
+/// certificates signed by `client_ca` when given.
+async fn tls_engine(server_ca: &pki::Ca, client_ca: Option<&pki::Ca>) -> (TlsEngine, Mock) {
+    let mock = Mock::start("tls").await;
+    let leaf = server_ca.server();
+    let chain = vec![CertificateDer::from_pem_slice(leaf.cert_pem.as_bytes()).unwrap()];
+    let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap();
+    let builder = match client_ca {
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            roots
+                .add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap())
+                .unwrap();
+            let v = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .unwrap();
+            builder.with_client_cert_verifier(v)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let config = builder.with_single_cert(chain, key).unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let plain = mock.addr;
+    let handshakes = Arc::new(AtomicUsize::new(0));
+    let count = handshakes.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let acceptor = acceptor.clone();
+            let count = count.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                count.fetch_add(1, Ordering::SeqCst);
+                let Ok(mut up) = tokio::net::TcpStream::connect(plain).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
+            });
+        }
+    });
+    let engine = TlsEngine {
+        url: format!("https://127.0.0.1:{}", addr.port()),
+        handshakes,
+    };
+    (engine, mock)
+}
+
+fn with_tls(url: &str, tls: UpstreamTlsConfig) -> Config {
+    let mut c = config_for(&[url.to_string()]);
+    c.upstream.tls = Some(tls);
+    c.upstream.max_attempts = 1;
+    c.validate().expect("valid");
+    c
+}
+
+async fn complete(gw: &Gateway, stream: bool) -> reqwest::Response {
+    client()
+        .post(gw.url("/v1/completions"))
+        .json(&serde_json::json!({ "model": "m", "prompt": "hello", "stream": stream }))
+        .send()
+        .await
+        .expect("answered")
+}
+
+fn usable(gw: &Gateway) -> bool {
+    gw.state.fleet.any_usable(gw.state.clock.now_ms())
+}
+
+#[tokio::test]
+async fn an_https_instance_is_reached_with_the_configured_ca() {
+    let ca = pki::Ca::new("engines CA");
+    let dir = pki::dir();
+    let ca_file = pki::write(&dir, "ca.pem", &ca.pem);
+    let (engine, mock) = tls_engine(&ca, None).await;
+    let gw = Gateway::start(with_tls(
+        &engine.url,
+        UpstreamTlsConfig {
+            ca_file,
+            ..Default::default()
+        },
+    ))
+    .await;
+    assert!(
+        eventually(10, || usable(&gw)).await,
+        "health checks over TLS failed"
+    );
+    let r = complete(&gw, false).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-kvgate-instance"], "i0");
+    assert!(
+        r.text().await.unwrap().contains("tls"),
+        "the mock behind TLS answered"
+    );
+    mock.set_mode(Mode::Stream {
+        chunks: 5,
+        delay: Duration::from_millis(1),
+    });
+    let r = complete(&gw, true).await;
+    assert_eq!(r.status(), 200);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("[DONE]"), "{body}");
+    // Keep-alive over TLS: requests share connections instead of a handshake each.
+    mock.set_mode(Mode::Json);
+    let before = engine.handshakes.load(Ordering::SeqCst);
+    for _ in 0..10 {
+        assert_eq!(complete(&gw, false).await.status(), 200);
+    }
+    let more = engine.handshakes.load(Ordering::SeqCst) - before;
+    assert!(more < 10, "{more} handshakes for 10 sequential requests");
+}
+
+#[tokio::test]
+async fn mutual_tls_presents_the_gateway_certificate() {
+    let server_ca = pki::Ca::new("engines CA");
+    let client_ca = pki::Ca::new("gateways CA");
+    let dir = pki::dir();
+    let ca_file = pki::write(&dir, "ca.pem", &server_ca.pem);
+    let (cert_file, key_file) = client_ca.client("kvgate").write(&dir, "gateway");
+    let (engine, _mock) = tls_engine(&server_ca, Some(&client_ca)).await;
+    // With the client certificate: served.
+    let gw = Gateway::start(with_tls(
+        &engine.url,
+        UpstreamTlsConfig {
+            ca_file: ca_file.clone(),
+            cert_file: Some(cert_file),
+            key_file: Some(key_file),
+        },
+    ))
+    .await;
+    assert!(eventually(10, || usable(&gw)).await);
+    assert_eq!(complete(&gw, false).await.status(), 200);
+
+    // Without one the engine refuses every handshake: never usable, requests answered 502/503.
+    let handshakes = engine.handshakes.load(Ordering::SeqCst);
+    let gw = Gateway::start(with_tls(
+        &engine.url,
+        UpstreamTlsConfig {
+            ca_file,
+            ..Default::default()
+        },
+    ))
+    .await;
+    let r = complete(&gw, false).await;
+    assert!(matches!(r.status().as_u16(), 502 | 503), "{}", r.status());
+    assert_eq!(engine.handshakes.load(Ordering::SeqCst), handshakes);
+    assert!(
+        eventually(10, || !usable(&gw)).await,
+        "health checks passed without a client certificate"
+    );
+}
+
+#[tokio::test]
+async fn an_engine_certificate_from_another_ca_is_refused() {
+    let ours = pki::Ca::new("engines CA");
+    let theirs = pki::Ca::new("someone else's CA");
+    let dir = pki::dir();
+    let ca_file = pki::write(&dir, "ca.pem", &ours.pem);
+    let (engine, mock) = tls_engine(&theirs, None).await;
+    let gw = Gateway::start(with_tls(
+        &engine.url,
+        UpstreamTlsConfig {
+            ca_file,
+            ..Default::default()
+        },
+    ))
+    .await;
+    let r = complete(&gw, false).await;
+    assert!(matches!(r.status().as_u16(), 502 | 503), "{}", r.status());
+    assert!(
+        eventually(10, || !usable(&gw)).await,
+        "health checks passed against an untrusted certificate"
+    );
+    assert_eq!(
+        mock.count(),
+        0,
+        "a request crossed an untrusted TLS connection"
+    );
+}
+
+#[tokio::test]
+async fn bad_settings_and_files_stop_the_start() {
+    // An https:// instance without [upstream.tls].
+    let c = config_for(&["https://127.0.0.1:8443".to_string()]);
+    let e = c.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("pools[0].instances[0].url") && e.contains("upstream.tls"),
+        "{e}"
+    );
+    // A certificate without its key, and the other way round.
+    let mut c = config_for(&["https://127.0.0.1:8443".to_string()]);
+    c.upstream.tls = Some(UpstreamTlsConfig {
+        ca_file: "/ca.pem".into(),
+        cert_file: Some("/c.pem".into()),
+        key_file: None,
+    });
+    assert!(c
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("upstream.tls.key_file"));
+    c.upstream.tls = Some(UpstreamTlsConfig {
+        ca_file: String::new(),
+        ..Default::default()
+    });
+    assert!(c
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("upstream.tls.ca_file"));
+    // Files that do not exist or hold no certificate: the state is not built.
+    let dir = pki::dir();
+    for ca_file in [
+        "/nonexistent/ca.pem".to_string(),
+        pki::write(&dir, "empty.pem", "not a certificate"),
+    ] {
+        let mut c = config_for(&["https://127.0.0.1:8443".to_string()]);
+        c.upstream.tls = Some(UpstreamTlsConfig {
+            ca_file: ca_file.clone(),
+            ..Default::default()
+        });
+        c.validate().unwrap();
+        let e = kvgate::app::AppState::new(c)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains(&ca_file), "{e}");
+    }
+    // A key that does not match its certificate.
+    let ca = pki::Ca::new("CA");
+    let (cert_file, _) = ca.client("a").write(&dir, "a");
+    let (_, other_key) = ca.client("b").write(&dir, "b");
+    let mut c = config_for(&["https://127.0.0.1:8443".to_string()]);
+    c.upstream.tls = Some(UpstreamTlsConfig {
+        ca_file: pki::write(&dir, "ca.pem", &ca.pem),
+        cert_file: Some(cert_file.clone()),
+        key_file: Some(other_key),
+    });
+    let e = kvgate::app::AppState::new(c)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains(&cert_file), "{e}");
+}
