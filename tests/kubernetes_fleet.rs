@@ -4,13 +4,11 @@
 
 mod common;
 
-#[path = "../crates/discovery/tests/fake_api/mod.rs"]
-mod fake_api;
 #[path = "common/pki.rs"]
 mod pki;
 
 use common::{client, eventually, Gateway, Mock};
-use fake_api::{pod, slice, FakeApi, NS, PODS, SLICES};
+use kvgate_discovery::fake_api::{pod, slice, FakeApi, NS, PODS, SLICES};
 use kvgate::config::Config;
 use kvgate_discovery::SourceKind;
 use serde_json::json;
@@ -39,7 +37,7 @@ async fn a_kubernetes_pool_scales_2_3_1_through_watch_events_without_failures() 
         Mock::start("e1").await,
         Mock::start("e2").await,
     ];
-    let api = FakeApi::start().await;
+    let api = FakeApi::start().await.unwrap();
     api.list(
         SLICES,
         "10",
