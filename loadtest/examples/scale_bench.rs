@@ -204,7 +204,11 @@ async fn main() -> Result<()> {
         up_at,
         down_at
     );
-    let ms = |d: Option<f64>| d.map_or("not within 10 s".to_string(), |d| format!("{:.1} ms", d * 1e3));
+    let ms = |d: Option<f64>| {
+        d.map_or("not within 10 s".to_string(), |d| {
+            format!("{:.1} ms", d * 1e3)
+        })
+    };
     println!(
         "  watch events to the gateway's fleet: 8 → 12 in {}, 12 → 6 in {}",
         ms(up_listed),
