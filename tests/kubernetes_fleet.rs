@@ -417,8 +417,7 @@ async fn a_missing_kubeconfig_context_or_an_exec_user_is_refused_by_name() {
     };
     let cancel = tokio_util::sync::CancellationToken::new();
     let e = kvgate::discovery::start(&dc, cancel.clone())
-        .err()
-        .expect("a missing context is refused")
+        .expect_err("a missing context is refused")
         .to_string();
     assert!(e.contains("context \"prod\" not found"), "{e}");
 
@@ -433,8 +432,7 @@ async fn a_missing_kubeconfig_context_or_an_exec_user_is_refused_by_name() {
     );
     dc.context = None;
     let e = kvgate::discovery::start(&dc, cancel)
-        .err()
-        .expect("an exec user is refused")
+        .expect_err("an exec user is refused")
         .to_string();
     assert!(e.contains("user \"u1\"") && e.contains("exec"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
