@@ -1,25 +1,29 @@
-//! Scaling a discovered fleet under load: the conversation trace (or a synthetic workload)
-//! replayed through kvgate while its pool's discovery source goes from 8 to 12 to 6 simulated
-//! engines. Reports failed requests, how long each new instance took to get its first request,
-//! and the prompt-cache hit ratio per time window (its dip at each change and its recovery).
+//! Scaling a Kubernetes-discovered fleet under load: the conversation trace (or a synthetic
+//! workload) replayed through kvgate while its pool (`source = "kubernetes"`, service mode)
+//! follows a fake Kubernetes API server whose EndpointSlices go from 8 to 12 to 6 simulated
+//! engines. Reports failed requests, how long each new instance took to be listed by the gateway
+//! and to get its first request, and the prompt-cache hit ratio per time window (its dip at each
+//! change and its recovery).
 //!
 //! ```sh
 //! cargo run --release -p kvgate-loadtest --example scale_bench -- \
-//!     --trace ../shared/traces/conversation_trace.jsonl --rate 6 --seconds 90
+//!     --trace ../shared/traces/conversation_trace.jsonl --rate 6 --seconds 60
 //! ```
 //!
-//! The fleet changes arrive through the gateway's discovery seam ([`AppState::set_source`]) as
-//! whole endpoint sets, exactly as a Kubernetes or DNS source publishes them.
+//! The changes travel the whole production path: EndpointSlice `ADDED` / `DELETED` watch
+//! events from the fake API server (`kvgate_discovery::fake_api`), the kubernetes source's
+//! list + watch, the published endpoint set, and the gateway's fleet reconcile.
 
 use anyhow::{Context, Result};
 use kvgate::app::AppState;
 use kvgate::config::Config;
-use kvgate_discovery::{Endpoint, EndpointSet, SourceKind};
+use kvgate_discovery::fake_api::{slice, FakeApi, WatchTx, NS, PODS, SLICES};
+use kvgate_discovery::SourceKind;
 use kvgate_loadtest::prompt::{ApiKind, PromptBuilder};
 use kvgate_loadtest::replay::{self, Arrivals, Outcome, ReplayConfig};
 use kvgate_loadtest::trace::Trace;
+use kvgate_sim::SimInstanceInfo as InstanceInfo;
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
 
 struct Args {
     trace: String,
@@ -49,6 +53,56 @@ fn args() -> Result<Args> {
     Ok(a)
 }
 
+/// The EndpointSlice of simulated engine `i` (one slice per engine: each listens on its own
+/// port, as slices of different ports would), ready or gone.
+fn engine_slice(info: &InstanceInfo, rv: u64) -> serde_json::Value {
+    // The sim's URLs are http://127.0.0.1:PORT.
+    let port = info
+        .url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .unwrap_or(0);
+    slice(
+        &info.name,
+        &rv.to_string(),
+        port,
+        &[("127.0.0.1", &info.name, true, false)],
+    )
+}
+
+/// Sends `kind` events for `infos` and waits (up to 10 s) until the gateway serves `want`
+/// instances; returns when the events were sent and how long the gateway took to list them.
+async fn change(
+    watch: &WatchTx,
+    state: &AppState,
+    kind: &str,
+    infos: &[InstanceInfo],
+    rv: &mut u64,
+    want: usize,
+    t0: Instant,
+) -> (f64, Option<f64>) {
+    let at = t0.elapsed().as_secs_f64();
+    for info in infos {
+        *rv += 1;
+        watch.event(kind, engine_slice(info, *rv));
+    }
+    let listed = serving_within(state, want, Duration::from_secs(10)).await;
+    (at, listed.map(|d| d.as_secs_f64()))
+}
+
+/// How long until pool 0 serves exactly `want` instances, polled up to `deadline`.
+async fn serving_within(state: &AppState, want: usize, deadline: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < deadline {
+        if state.fleet.view().serving().count() == want {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    None
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let a = args()?;
@@ -59,40 +113,38 @@ async fn main() -> Result<()> {
     .await
     .context("simulated fleet")?;
     let infos = sim.instances().to_vec();
-    let endpoints: Vec<Endpoint> = infos
-        .iter()
-        .map(|i| {
-            let mut e = Endpoint::new(i.name.clone(), i.url.clone());
-            e.kv_events = i.kv_events_endpoint.clone();
-            e.kv_replay = i.replay_endpoint.clone();
-            e
-        })
-        .collect();
+
+    let api = FakeApi::start().await.context("fake API server")?;
+    let mut rv = 1u64;
+    api.list(
+        SLICES,
+        "1",
+        infos[..8].iter().map(|i| engine_slice(i, 1)).collect(),
+    );
+    let slices = api.watch(SLICES);
+    api.list(PODS, "1", vec![]);
 
     let mut cfg = Config::default();
     cfg.server.listen = "127.0.0.1:0".into();
     let mut pool = kvgate::config::PoolConfig::serving(infos[0].model.clone(), vec![]);
     pool.block_size = Some(infos[0].block_size);
     pool.tokenizer = Some("builtin".into());
-    pool.discovery.source = SourceKind::Dns;
-    pool.discovery.name = Some("engines.bench.invalid".into());
-    pool.discovery.port = Some(8000);
+    pool.discovery.source = SourceKind::Kubernetes;
+    pool.discovery.api_server = Some(api.url());
+    pool.discovery.namespace = Some(NS.into());
+    pool.discovery.service = Some("vllm".into());
     pool.discovery.drain_grace_ms = 10_000;
     cfg.pools = vec![pool];
     let state = AppState::new(cfg).context("gateway")?;
-    let (tx, rx) = watch::channel(EndpointSet::default());
-    state.set_source(0, rx);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let gw = tokio::spawn(kvgate::app::run(listener, state.clone(), async move {
         let _ = stop_rx.await;
     }));
-
-    let publish = |n: usize, version: u64| {
-        tx.send_replace(EndpointSet::new(version, endpoints[..n].to_vec()));
-    };
-    publish(8, 1);
+    serving_within(&state, 8, Duration::from_secs(10))
+        .await
+        .context("the gateway never listed the first 8 engines")?;
 
     let trace = Trace::load(&a.trace).with_context(|| a.trace.clone())?;
     let builder = PromptBuilder::builtin(ApiKind::Chat, trace.block_tokens, 7)?;
@@ -110,21 +162,18 @@ async fn main() -> Result<()> {
     let changes = {
         let third = a.seconds / 3.0;
         let state = state.clone();
-        let tx = tx.clone();
-        let endpoints = endpoints.clone();
+        let infos = infos.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs_f64(third)).await;
-            let up = t0.elapsed().as_secs_f64();
-            tx.send_replace(EndpointSet::new(2, endpoints[..12].to_vec()));
+            let up = change(&slices, &state, "ADDED", &infos[8..12], &mut rv, 12, t0).await;
             tokio::time::sleep(Duration::from_secs_f64(third)).await;
-            let down = t0.elapsed().as_secs_f64();
-            tx.send_replace(EndpointSet::new(3, endpoints[..6].to_vec()));
-            let _ = state;
-            (up, down)
+            let down = change(&slices, &state, "DELETED", &infos[6..12], &mut rv, 6, t0).await;
+            // The watch stream stays open until the run ends.
+            (up, down, slices)
         })
     };
     let out = replay::run(&trace, &builder, &rc, "scale").await?;
-    let (up_at, down_at) = changes.await?;
+    let ((up_at, up_listed), (down_at, down_listed), _slices) = changes.await?;
     // The replay's clock starts at its first send; the change times are on `t0`, a few ms before.
     let mut failed = 0usize;
     let mut first_on: std::collections::BTreeMap<String, f64> = Default::default();
@@ -154,6 +203,16 @@ async fn main() -> Result<()> {
         out.wall_s,
         up_at,
         down_at
+    );
+    let ms = |d: Option<f64>| {
+        d.map_or("not within 10 s".to_string(), |d| {
+            format!("{:.1} ms", d * 1e3)
+        })
+    };
+    println!(
+        "  watch events to the gateway's fleet: 8 → 12 in {}, 12 → 6 in {}",
+        ms(up_listed),
+        ms(down_listed)
     );
     for name in infos[8..12].iter().map(|i| &i.name) {
         match first_on.get(name) {

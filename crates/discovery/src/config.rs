@@ -15,7 +15,9 @@
 //! # lookup_timeout_ms = 2000  # dns: one lookup's timeout
 //! # name = "vllm-headless.inference.svc.cluster.local"   # dns: the name to resolve
 //! # port_name = "http"        # kubernetes service: the EndpointSlice port of this name
-//! # api_server = "https://10.0.0.1:6443"  # kubernetes: out of cluster (default in-cluster)
+//! # kubeconfig = "/path/config"  # kubernetes: default $KUBECONFIG, in-cluster, ~/.kube/config
+//! # context = "prod"          # kubernetes: the kubeconfig context (default current-context)
+//! # api_server = "https://10.0.0.1:6443"  # kubernetes: explicit server (instead of kubeconfig)
 //! # token_file = "/path/token"   # kubernetes: bearer token, re-read on every (re)connect
 //! # ca_file = "/path/ca.crt"     # kubernetes: the API server's CA
 //! kv_events_port = 5557       # optional: KV events at tcp://<ip>:<port> on every endpoint
@@ -69,10 +71,14 @@ pub struct DiscoveryConfig {
     /// kubernetes: the `InferencePool` whose selector and target port name the engines.
     #[serde(default)]
     pub inference_pool: Option<String>,
-    /// kubernetes: a kubeconfig file. Not supported (validate rejects it): use in-cluster
-    /// config, or `api_server` with `token_file` and `ca_file`.
+    /// kubernetes: a kubeconfig file to read the API server and credentials from; default the
+    /// first file of `$KUBECONFIG`, else in-cluster config, else `~/.kube/config`. Not with
+    /// `api_server`.
     #[serde(default)]
     pub kubeconfig: Option<PathBuf>,
+    /// kubernetes: the kubeconfig context to use; default its `current-context`.
+    #[serde(default)]
+    pub context: Option<String>,
     /// kubernetes, `service` mode: the EndpointSlice port to use, by name; default the slice's
     /// first port.
     #[serde(default)]
@@ -137,6 +143,7 @@ impl Default for DiscoveryConfig {
             selector: None,
             inference_pool: None,
             kubeconfig: None,
+            context: None,
             port_name: None,
             api_server: None,
             token_file: None,

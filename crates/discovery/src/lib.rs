@@ -23,6 +23,8 @@ pub mod address;
 pub mod config;
 pub mod dns;
 pub mod endpoint;
+#[cfg(feature = "fake-api")]
+pub mod fake_api;
 pub mod kubernetes;
 pub mod publish;
 pub mod source;

@@ -52,11 +52,16 @@ impl DiscoveryConfig {
     }
 
     fn validate_kubernetes(&self) -> Result<(), DiscoveryError> {
-        if self.kubeconfig.is_some() {
+        if self.kubeconfig.is_some() && self.api_server.is_some() {
             return Err(invalid(
                 "kubeconfig",
-                "kubeconfig files are not read; in a cluster leave it out (the service account \
-                 is used), outside one set api_server, token_file and ca_file",
+                "either kubeconfig (its context names the server) or api_server, not both",
+            ));
+        }
+        if self.context.is_some() && self.api_server.is_some() {
+            return Err(invalid(
+                "context",
+                "a kubeconfig context; api_server reads no kubeconfig",
             ));
         }
         let modes = [
@@ -244,7 +249,13 @@ mod tests {
         c.inference_pool = Some("llama".into());
         c.validate().unwrap();
         c.kubeconfig = Some("/root/.kube/config".into());
-        assert!(c.validate().unwrap_err().to_string().contains("api_server"));
+        c.context = Some("prod".into());
+        c.validate().unwrap();
+        c.api_server = Some("https://10.0.0.1:6443".into());
+        c.namespace = Some("inference".into());
+        assert_eq!(key_of(&c), "kubeconfig");
+        c.kubeconfig = None;
+        assert_eq!(key_of(&c), "context");
         let mut c = k8s();
         c.service = Some("Bad_Name".into());
         assert_eq!(key_of(&c), "service");

@@ -2,9 +2,7 @@
 //! 410 Gone in both forms, 403, disconnects, oversized events, pods by selector,
 //! InferencePools in both versions, and per-pod labels and annotations.
 
-mod fake_api;
-
-use fake_api::*;
+use kvgate_discovery::fake_api::*;
 use kvgate_discovery::kubernetes::limits::Limits;
 use kvgate_discovery::{DiscoveryConfig, EndpointSet, KubernetesSource, Source, SourceKind};
 use serde_json::json;
@@ -95,7 +93,7 @@ fn has(set: &EndpointSet, want: &[&str]) -> bool {
 
 #[tokio::test]
 async fn service_slices_list_then_watch_with_readiness_and_pod_labels() {
-    let api = FakeApi::start().await;
+    let api = FakeApi::start().await.unwrap();
     api.list(
         SLICES,
         "10",
@@ -205,7 +203,7 @@ async fn service_slices_list_then_watch_with_readiness_and_pod_labels() {
 
 #[tokio::test]
 async fn bookmarks_and_disconnects_resume_from_the_last_version() {
-    let api = FakeApi::start().await;
+    let api = FakeApi::start().await.unwrap();
     api.list(
         PODS,
         "100",
@@ -259,7 +257,7 @@ async fn bookmarks_and_disconnects_resume_from_the_last_version() {
 
 #[tokio::test]
 async fn gone_as_status_or_event_relists_and_converges() {
-    let api = FakeApi::start().await;
+    let api = FakeApi::start().await.unwrap();
     api.list(
         PODS,
         "5",
@@ -300,7 +298,7 @@ async fn gone_as_status_or_event_relists_and_converges() {
 
 #[tokio::test]
 async fn forbidden_reports_the_missing_rbac_keeps_the_set_and_recovers() {
-    let api = FakeApi::start().await;
+    let api = FakeApi::start().await.unwrap();
     api.list(
         PODS,
         "5",
@@ -340,7 +338,7 @@ async fn forbidden_reports_the_missing_rbac_keeps_the_set_and_recovers() {
 
 #[tokio::test]
 async fn forbidden_list_before_any_set_publishes_only_the_error() {
-    let api = FakeApi::start().await;
+    let api = FakeApi::start().await.unwrap();
     api.status(
         SLICES,
         false,
@@ -357,7 +355,7 @@ async fn forbidden_list_before_any_set_publishes_only_the_error() {
 
 #[tokio::test]
 async fn an_oversized_event_line_is_an_error_then_a_relist_recovers() {
-    let api = FakeApi::start().await;
+    let api = FakeApi::start().await.unwrap();
     api.list(
         PODS,
         "5",
@@ -392,7 +390,7 @@ async fn an_oversized_event_line_is_an_error_then_a_relist_recovers() {
 
 #[tokio::test]
 async fn pods_by_selector_follow_readiness() {
-    let api = FakeApi::start().await;
+    let api = FakeApi::start().await.unwrap();
     api.list(
         PODS,
         "5",
@@ -458,7 +456,7 @@ async fn pods_by_selector_follow_readiness() {
 
 #[tokio::test]
 async fn inference_pool_v1_and_a_selector_change() {
-    let api = FakeApi::start().await;
+    let api = FakeApi::start().await.unwrap();
     api.list(
         POOLS_V1,
         "3",
@@ -528,7 +526,7 @@ async fn inference_pool_v1_and_a_selector_change() {
 
 #[tokio::test]
 async fn inference_pool_falls_back_to_v1alpha2_when_v1_is_not_served() {
-    let api = FakeApi::start().await;
+    let api = FakeApi::start().await.unwrap();
     api.status(
         POOLS_V1,
         false,
@@ -584,7 +582,7 @@ async fn inference_pool_falls_back_to_v1alpha2_when_v1_is_not_served() {
 
 #[tokio::test]
 async fn no_inference_pool_crd_at_all_is_a_clear_error() {
-    let api = FakeApi::start().await;
+    let api = FakeApi::start().await.unwrap();
     api.status(POOLS_V1, false, 404, "not found");
     api.status(POOLS_V1A2, false, 404, "not found");
     let mut r = start(&cfg(&api, |c| c.inference_pool = Some("llama".into())));
@@ -597,7 +595,7 @@ async fn no_inference_pool_crd_at_all_is_a_clear_error() {
 
 #[tokio::test]
 async fn a_paged_list_is_read_whole_and_the_object_limit_is_an_error() {
-    let api = FakeApi::start().await;
+    let api = FakeApi::start().await.unwrap();
     let p = |n: &str, ip: &str| pod(n, "1", ip, true, json!({}), json!({}));
     api.page(PODS, "7", vec![p("a", "10.0.0.1")], "tok");
     api.list(PODS, "7", vec![p("b", "10.0.0.2")]);
@@ -618,7 +616,7 @@ async fn a_paged_list_is_read_whole_and_the_object_limit_is_an_error() {
     poll("the watch", || !api.seen(PODS, true).is_empty()).await;
     assert_eq!(api.seen(PODS, true)[0].query["resourceVersion"], "7");
 
-    let api = FakeApi::start().await;
+    let api = FakeApi::start().await.unwrap();
     api.list(
         PODS,
         "7",
@@ -653,7 +651,7 @@ async fn the_token_file_is_read_again_on_every_reconnect() {
     std::fs::create_dir_all(&dir).unwrap();
     let token = dir.join("token");
     std::fs::write(&token, "first\n").unwrap();
-    let api = FakeApi::start().await;
+    let api = FakeApi::start().await.unwrap();
     api.list(
         PODS,
         "5",

@@ -298,7 +298,7 @@ mod tests {
         for k in 0..n {
             let h = mix(k ^ seed.rotate_left(17));
             let uncached = 16 + h % max_uncached;
-            let ahead = if mix(h ^ 3) % 4 == 0 {
+            let ahead = if mix(h ^ 3).is_multiple_of(4) {
                 mix(h ^ 77) % 6000
             } else {
                 0

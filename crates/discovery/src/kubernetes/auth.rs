@@ -1,10 +1,18 @@
-//! [`ApiTarget`]: where the API server is and how to authenticate to it — in-cluster config
-//! (the service account) or an explicit `api_server` with optional token and CA files.
+//! [`ApiTarget`]: where the API server is and how to authenticate to it — an explicit
+//! `api_server` with optional token and CA files, a kubeconfig file, or in-cluster config (the
+//! service account).
 //!
-//! Invariants: the token is read from its file on every (re)connect, never cached, because bound
-//! service account tokens rotate (the kubelet rewrites the file); the token file is bounded in
-//! size; the namespace is always known before the source starts.
+//! Which one, first match wins: `api_server`; the configured `kubeconfig`; the first file of
+//! `$KUBECONFIG`; in-cluster (`KUBERNETES_SERVICE_HOST` set); `~/.kube/config` if it exists.
+//! Explicit settings beat ambient ones, and a pod's service account beats a stray home
+//! kubeconfig baked into an image.
+//!
+//! Invariants: a token file is read on every (re)connect, never cached, because bound service
+//! account tokens rotate (the kubelet rewrites the file); the token file is bounded in size;
+//! the namespace is always known before the source starts; `token_file` and `ca_file`, when
+//! configured, override what a kubeconfig says.
 
+use super::kubeconfig::{self, Secret};
 use crate::config::DiscoveryConfig;
 use crate::source::DiscoveryError;
 use std::path::{Path, PathBuf};
@@ -23,8 +31,13 @@ pub struct ApiTarget {
     pub base: String,
     /// The bearer token's file, re-read on every request.
     pub token_file: Option<PathBuf>,
+    /// A static bearer token (a kubeconfig user's `token`), used when there is no token file.
+    pub token: Option<Secret<String>>,
     /// PEM of the CA to trust (none: the API server must be plain http, e.g. a test server).
     pub ca_pem: Option<Vec<u8>>,
+    /// PEM of a client certificate chain and its key, for mutual TLS (a kubeconfig user's
+    /// `client-certificate` + `client-key`).
+    pub identity_pem: Option<Secret<Vec<u8>>>,
     /// The namespace watched.
     pub namespace: String,
 }
@@ -43,8 +56,8 @@ fn read(path: &Path, what: &str) -> Result<Vec<u8>, DiscoveryError> {
 }
 
 impl ApiTarget {
-    /// The target for `cfg`: `api_server` when set, else in-cluster from `env` (the process
-    /// environment in production) and the service account files under `sa_dir`.
+    /// The target for `cfg` (see the module docs for the order), with `env` the process
+    /// environment in production and the service account files under `sa_dir`.
     pub fn resolve(
         cfg: &DiscoveryConfig,
         env: impl Fn(&str) -> Option<String>,
@@ -69,14 +82,32 @@ impl ApiTarget {
             return Ok(Self {
                 base: base.trim_end_matches('/').to_string(),
                 token_file: cfg.token_file.clone(),
+                token: None,
                 ca_pem,
+                identity_pem: None,
                 namespace,
             });
         }
-        let (Some(host), Some(port)) = (env(ENV_HOST), env(ENV_PORT)) else {
+        let in_cluster = env(ENV_HOST).zip(env(ENV_PORT));
+        let kubeconfig = cfg
+            .kubeconfig
+            .clone()
+            .or_else(|| kubeconfig::env_path(&env))
+            .or_else(|| {
+                in_cluster
+                    .is_none()
+                    .then(|| kubeconfig::home_path(&env))
+                    .flatten()
+            });
+        if let Some(path) = kubeconfig {
+            return Self::from_kubeconfig(cfg, &path, configured_ns);
+        }
+        let Some((host, port)) = in_cluster else {
             return Err(unavailable(format!(
-                "kubernetes: not running in a cluster ({ENV_HOST}/{ENV_PORT} unset); set \
-                 discovery.api_server (kubeconfig files are not read)"
+                "kubernetes: not running in a cluster ({ENV_HOST}/{ENV_PORT} unset) and no \
+                 kubeconfig (discovery.kubeconfig, ${}, ~/{}); set one, or discovery.api_server",
+                kubeconfig::ENV_KUBECONFIG,
+                kubeconfig::DEFAULT_PATH
             )));
         };
         // An IPv6 service host needs brackets in a URL.
@@ -99,15 +130,47 @@ impl ApiTarget {
                     .clone()
                     .unwrap_or_else(|| sa_dir.join("token")),
             ),
+            token: None,
             ca_pem: Some(read(&ca_file, "ca_file")?),
+            identity_pem: None,
             namespace,
         })
     }
 
-    /// The bearer token now (re-read from its file), if there is a token file.
+    /// The target a kubeconfig file's context names; the namespace is the configured one, else
+    /// the context's, else `default` (as kubectl).
+    fn from_kubeconfig(
+        cfg: &DiscoveryConfig,
+        path: &Path,
+        configured_ns: Option<String>,
+    ) -> Result<Self, DiscoveryError> {
+        let k = kubeconfig::load(path, cfg.context.as_deref())
+            .map_err(|e| unavailable(format!("kubernetes: {e}")))?;
+        let ca_pem = match &cfg.ca_file {
+            Some(p) => Some(read(p, "ca_file")?),
+            None => k.ca_pem,
+        };
+        let (token_file, token) = match &cfg.token_file {
+            Some(p) => (Some(p.clone()), None),
+            None => (k.token_file, k.token),
+        };
+        tracing::info!(kubeconfig = %path.display(), server = %k.server, "kubernetes discovery: using a kubeconfig");
+        Ok(Self {
+            base: k.server,
+            token_file,
+            token,
+            ca_pem,
+            identity_pem: k.identity_pem,
+            namespace: configured_ns
+                .or(k.namespace)
+                .unwrap_or_else(|| "default".to_string()),
+        })
+    }
+
+    /// The bearer token now (re-read from its file), or the static token, if any.
     pub async fn token(&self, max_bytes: u64) -> Result<Option<String>, String> {
         let Some(path) = &self.token_file else {
-            return Ok(None);
+            return Ok(self.token.as_ref().map(|t| t.0.clone()));
         };
         let len = tokio::fs::metadata(path)
             .await
@@ -186,5 +249,55 @@ mod tests {
         let t = ApiTarget::resolve(&cfg, none, Path::new("/nonexistent")).unwrap();
         assert_eq!(t.base, "http://127.0.0.1:1");
         assert_eq!(t.token_file, None);
+    }
+
+    #[test]
+    fn kubeconfig_order_env_over_in_cluster_and_home_only_outside() {
+        let kc = "current-context: d\nclusters:\n- name: c\n  cluster:\n    server: http://kc:1\n\
+                  contexts:\n- name: d\n  context: {cluster: c, user: u, namespace: from-kc}\n\
+                  users:\n- name: u\n  user: {tokenFile: tok}\n";
+        let home = dir(&[]);
+        std::fs::create_dir_all(home.join(".kube")).unwrap();
+        std::fs::write(home.join(".kube/config"), kc).unwrap();
+        let sa = dir(&[("namespace", "sa-ns"), ("ca.crt", "PEM"), ("token", "t")]);
+        let home_s = home.to_string_lossy().into_owned();
+        let kc_env = home.join(".kube/config").to_string_lossy().into_owned();
+        let cfg = DiscoveryConfig::default();
+        // Outside a cluster: ~/.kube/config, the context's namespace, paths beside the file.
+        let outside = |k: &str| (k == "HOME").then(|| home_s.clone());
+        let t = ApiTarget::resolve(&cfg, outside, &sa).unwrap();
+        assert_eq!(
+            (t.base.as_str(), t.namespace.as_str()),
+            ("http://kc:1", "from-kc")
+        );
+        assert_eq!(t.token_file, Some(home.join(".kube/tok")));
+        // In a cluster the home file is ignored ...
+        let inside = |k: &str| match k {
+            "HOME" => Some(home_s.clone()),
+            ENV_HOST => Some("10.0.0.1".into()),
+            ENV_PORT => Some("443".into()),
+            _ => None,
+        };
+        let t = ApiTarget::resolve(&cfg, inside, &sa).unwrap();
+        assert_eq!(
+            (t.base.as_str(), t.namespace.as_str()),
+            ("https://10.0.0.1:443", "sa-ns")
+        );
+        // ... but $KUBECONFIG, set on purpose, wins; a configured namespace wins over it.
+        let with_env = |k: &str| match k {
+            kubeconfig::ENV_KUBECONFIG => Some(kc_env.clone()),
+            other => inside(other),
+        };
+        let cfg = DiscoveryConfig {
+            namespace: Some("mine".into()),
+            ..DiscoveryConfig::default()
+        };
+        let t = ApiTarget::resolve(&cfg, with_env, &sa).unwrap();
+        assert_eq!(
+            (t.base.as_str(), t.namespace.as_str()),
+            ("http://kc:1", "mine")
+        );
+        let _ = std::fs::remove_dir_all(home);
+        let _ = std::fs::remove_dir_all(sa);
     }
 }

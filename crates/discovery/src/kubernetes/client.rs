@@ -46,7 +46,8 @@ pub struct Client {
 const MAX_QUOTED: usize = 300;
 
 impl Client {
-    /// A client for `target` (its CA the only trusted root) bounded by `limits`.
+    /// A client for `target` (its CA the only trusted root, its client certificate presented
+    /// when it has one) bounded by `limits`.
     pub fn new(target: ApiTarget, limits: Limits) -> Result<Self, String> {
         let mut b = reqwest::Client::builder()
             .connect_timeout(limits.connect_timeout)
@@ -58,6 +59,12 @@ impl Client {
             for c in certs {
                 b = b.add_root_certificate(c);
             }
+        }
+        if let Some(pem) = &target.identity_pem {
+            let id = reqwest::Identity::from_pem(&pem.0).map_err(|e| {
+                format!("kubernetes: the client certificate and key are not usable PEM: {e}")
+            })?;
+            b = b.identity(id);
         }
         let http = b
             .build()

@@ -1,7 +1,8 @@
 //! The `kubernetes` source: a Service's EndpointSlices, pods by label selector, or an
 //! `InferencePool`'s pods, followed with list + watch against the API server.
 //!
-//! Layout (one concept per file): [`auth`] where the API server is and its token; [`client`]
+//! Layout (one concept per file): [`auth`] where the API server is and its credentials;
+//! [`kubeconfig`] reading them from a kubeconfig file; [`client`]
 //! the HTTP list/watch requests; [`lines`] and [`reflector`] the sans-I/O stream splitting and
 //! watch state machine; [`backoff`] retry delays; [`watch`] the list-then-watch loop of one
 //! collection; [`endpoints`], [`pods`], [`pool`] and [`metadata`] objects to [`Endpoint`]s;
@@ -21,6 +22,7 @@ pub mod auth;
 pub mod backoff;
 pub mod client;
 pub mod endpoints;
+pub mod kubeconfig;
 pub mod limits;
 pub mod lines;
 pub mod metadata;

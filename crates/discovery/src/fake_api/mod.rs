@@ -1,10 +1,17 @@
-//! A fake Kubernetes API server for tests: scripted LIST answers and WATCH streams per
-//! collection path, on 127.0.0.1:0; it records every request's query.
+//! A fake Kubernetes API server: scripted LIST answers and WATCH streams per collection path,
+//! on 127.0.0.1:0; it records every request's query and `Authorization` header.
 //!
-//! A request pops the next reply scripted for its path and kind (list or watch). With nothing
-//! scripted, a LIST answers 500 and a WATCH stays open silently, like a quiet watch.
-//! Shared by crates/discovery/tests/kubernetes.rs and the gateway's tests/kubernetes_fleet.rs.
-#![allow(dead_code)]
+//! Built only with the `fake-api` feature. Used by this crate's tests, the gateway's
+//! `tests/kubernetes_fleet.rs` and the load tester's `scale_bench` example, so none of them
+//! keeps a copy of it.
+//!
+//! Invariants: a request pops the next reply scripted for its path and kind (list or watch);
+//! with nothing scripted a LIST answers 500 and a WATCH stays open silently, like a quiet
+//! watch. A poisoned lock is taken over (a panicking test thread must not wedge the server).
+
+pub mod objects;
+
+pub use objects::*;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
@@ -13,8 +20,12 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::mpsc;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// One item of a scripted watch stream.
 enum Item {
@@ -98,7 +109,7 @@ async fn handle(
 ) -> Response {
     let path = uri.path().to_string();
     let watch = query.get("watch").is_some_and(|w| w == "1" || w == "true");
-    inner.seen.lock().unwrap().push(Seen {
+    lock(&inner.seen).push(Seen {
         path: path.clone(),
         watch,
         query,
@@ -107,15 +118,12 @@ async fn handle(
             .and_then(|v| v.to_str().ok())
             .map(str::to_string),
     });
-    let reply = inner
-        .replies
-        .lock()
-        .unwrap()
+    let reply = lock(&inner.replies)
         .get_mut(&(path.clone(), watch))
         .and_then(VecDeque::pop_front);
     match reply {
         Some(Reply::Json(code, body)) => (
-            StatusCode::from_u16(code).unwrap(),
+            StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             [("content-type", "application/json")],
             body.to_string(),
         )
@@ -123,7 +131,7 @@ async fn handle(
         Some(Reply::Stream(rx)) => stream(rx),
         None if watch => {
             let (tx, rx) = mpsc::unbounded_channel();
-            inner.quiet.lock().unwrap().push(tx);
+            lock(&inner.quiet).push(tx);
             stream(rx)
         }
         None => (
@@ -142,21 +150,18 @@ fn stream(rx: mpsc::UnboundedReceiver<Item>) -> Response {
             Some(Item::Abort) => Some((Err(std::io::Error::other("abort")), rx)),
         }
     });
-    Response::builder()
-        .status(200)
-        .header("content-type", "application/json")
-        .body(Body::from_stream(s))
-        .unwrap()
+    ([("content-type", "application/json")], Body::from_stream(s)).into_response()
 }
 
 impl FakeApi {
-    pub async fn start() -> FakeApi {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let (api, app) = FakeApi::unserved(listener.local_addr().unwrap());
+    /// Binds 127.0.0.1:0 and serves plain HTTP until the runtime ends.
+    pub async fn start() -> std::io::Result<FakeApi> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let (api, app) = FakeApi::unserved(listener.local_addr()?);
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        api
+        Ok(api)
     }
 
     /// The server's state and its router, for a test that serves it itself (over TLS) at
@@ -174,10 +179,7 @@ impl FakeApi {
     }
 
     fn push(&self, path: &str, watch: bool, r: Reply) {
-        self.inner
-            .replies
-            .lock()
-            .unwrap()
+        lock(&self.inner.replies)
             .entry((path.to_string(), watch))
             .or_default()
             .push_back(r);
@@ -228,72 +230,10 @@ impl FakeApi {
 
     /// The requests seen for `path`, LISTs (`watch = false`) or WATCHes.
     pub fn seen(&self, path: &str, watch: bool) -> Vec<Seen> {
-        self.inner
-            .seen
-            .lock()
-            .unwrap()
+        lock(&self.inner.seen)
             .iter()
             .filter(|s| s.path == path && s.watch == watch)
             .cloned()
             .collect()
     }
-}
-
-pub const NS: &str = "ns";
-pub const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices";
-pub const PODS: &str = "/api/v1/namespaces/ns/pods";
-pub const POOLS_V1: &str = "/apis/inference.networking.k8s.io/v1/namespaces/ns/inferencepools";
-pub const POOLS_V1A2: &str =
-    "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/ns/inferencepools";
-
-/// An EndpointSlice of one port; endpoints `(ip, pod, ready, terminating)`.
-pub fn slice(name: &str, rv: &str, port: u16, endpoints: &[(&str, &str, bool, bool)]) -> Value {
-    json!({
-        "metadata": {"name": name, "resourceVersion": rv, "labels": {"kubernetes.io/service-name": "vllm"}},
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
-        "endpoints": endpoints.iter().map(|(ip, pod, ready, term)| json!({
-            "addresses": [ip],
-            "conditions": {"ready": ready, "serving": ready, "terminating": term},
-            "targetRef": {"kind": "Pod", "name": pod, "namespace": NS}
-        })).collect::<Vec<_>>()
-    })
-}
-
-/// A pod; `ready` sets phase Running and condition Ready.
-pub fn pod(
-    name: &str,
-    rv: &str,
-    ip: &str,
-    ready: bool,
-    labels: Value,
-    annotations: Value,
-) -> Value {
-    json!({
-        "metadata": {"name": name, "namespace": NS, "resourceVersion": rv, "labels": labels, "annotations": annotations},
-        "status": {
-            "phase": if ready { "Running" } else { "Pending" },
-            "podIP": ip,
-            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]
-        }
-    })
-}
-
-/// An InferencePool `v1` object.
-pub fn pool_v1(name: &str, rv: &str, labels: Value, port: u16) -> Value {
-    json!({
-        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
-        "metadata": {"name": name, "namespace": NS, "resourceVersion": rv},
-        "spec": {"selector": {"matchLabels": labels}, "targetPorts": [{"number": port}],
-                 "endpointPickerRef": {"name": "epp"}}
-    })
-}
-
-/// An InferencePool `v1alpha2` object.
-pub fn pool_v1alpha2(name: &str, rv: &str, labels: Value, port: u16) -> Value {
-    json!({
-        "apiVersion": "inference.networking.x-k8s.io/v1alpha2", "kind": "InferencePool",
-        "metadata": {"name": name, "namespace": NS, "resourceVersion": rv},
-        "spec": {"selector": labels, "targetPortNumber": port, "extensionRef": {"name": "epp"}}
-    })
 }
