@@ -14,8 +14,14 @@
 # holds what the gateway's background tasks (timers, health, metrics) ran during the window; it
 # does not grow with requests and is small against $N requests (compare runs with the same $N).
 #
+# Run to run, the small body's count moves by ~2 % (same binary, 2026-12-03: 30.0k–30.6k): how
+# often a task wakes to find nothing to read depends on timing between the processes, and each
+# such wake-up is a `recv` and an `epoll_wait` more (the table's recv/req and epoll_wait/req show
+# it; those calls' kernel time is not counted). Compare builds by medians over a few runs
+# (`--bodies small` keeps a run short) and read the per-function figures for what moved.
+#
 # Usage: loadtest/callgrind.sh [--requests 2000] [--warm 200] [--policies "round_robin kvgate"]
-#                              [--bin PATH] [--out DIR]
+#                              [--bodies "small large"] [--bin PATH] [--out DIR]
 # KVGATE_BIN=PATH works as --bin (an already built kvgate; otherwise the release one is built).
 # Prints a Markdown table; writes each cell's callgrind dump and its top functions
 # (own cost, see top.py below) to DIR (default loadtest/results/callgrind, kept after the run).
@@ -26,6 +32,7 @@ set -euo pipefail
 N=2000
 WARM=200
 POLICIES="round_robin kvgate"
+BODIES="small large"
 BIN="${KVGATE_BIN:-}"
 OUT=""
 while [ $# -gt 0 ]; do
@@ -33,6 +40,7 @@ while [ $# -gt 0 ]; do
         --requests) N="$2"; shift 2 ;;
         --warm) WARM="$2"; shift 2 ;;
         --policies) POLICIES="$2"; shift 2 ;;
+        --bodies) BODIES="$2"; shift 2 ;;
         --bin) BIN="$2"; shift 2 ;;
         --out) OUT="$2"; shift 2 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
@@ -157,7 +165,7 @@ PY
 # inclusive cost and is skipped, every other cost line is its function's own.
 cat >"$WORK/top.py" <<'PY'
 import collections, re, sys
-names, own = {}, collections.Counter()
+names, own, calls = {}, collections.Counter(), collections.Counter()
 def name(v):
     m = re.match(r"\((\d+)\)(?: (.*))?$", v)
     if not m:
@@ -173,21 +181,24 @@ for line in open(sys.argv[1]):
     elif line.startswith("fn="):
         fn = name(line[3:])
     elif line.startswith(("cfn=", "cfni=")):
-        name(line.split("=", 1)[1])
+        callee = name(line.split("=", 1)[1])
     elif line.startswith("calls="):
         after_call = True
+        calls[callee] += int(line[6:].split()[0])
     elif line[:1].isdigit() or line[:1] in ("+", "-", "*"):
         if after_call:
             after_call = False
         elif fn is not None and len(line.split()) >= 2:
             own[fn] += int(line.split()[1])
 n = int(sys.argv[2])
-print(f"{total} instructions, {total / n:.0f} per request over {n}; own cost by function:")
+print(f"{total} instructions, {total / n:.0f} per request over {n}; socket calls per request:"
+      f" recv {calls['recv'] / n:.2f} epoll_wait {calls['epoll_wait'] / n:.2f}"
+      f" send {calls['send'] / n:.2f}; own cost by function:")
 for f, c in own.most_common(int(sys.argv[3])):
     print(f"{c:>12} {100 * c / max(total, 1):5.1f}% {c / n:9.0f}/req  {f}")
 PY
 
-printf '| policy | body | requests | instructions | per request |\n|---|---|---:|---:|---:|\n' >"$WORK/table"
+printf '| policy | body | requests | instructions | per request | recv/req | epoll_wait/req |\n|---|---|---:|---:|---:|---:|---:|\n' >"$WORK/table"
 for policy in $POLICIES; do
     PORT=$(free_port)
     {
@@ -211,7 +222,7 @@ for policy in $POLICIES; do
     VG=$!
     PIDS+=("$VG")
     wait_ready "http://127.0.0.1:$PORT/ready" 120
-    for body in small large; do
+    for body in $BODIES; do
         echo "  $policy $body: $WARM warm-up + $N requests" >&2
         before=$(ls "$CG" | wc -l)
         timeout 1800 python3 "$WORK/drive.py" "$PORT" "$WORK/$body.json" "$WARM" "$N" "$VG" "$policy-$body"
@@ -222,7 +233,9 @@ for policy in $POLICIES; do
         cp "$dump" "$OUT/callgrind.out.$policy-$body"
         python3 "$WORK/top.py" "$dump" "$N" 40 >"$OUT/top-$policy-$body.txt"
         per=$(awk -v t="$total" -v n="$N" 'BEGIN { printf "%.1fk", t / n / 1000 }')
-        echo "| $policy | $body | $N | $total | $per |" >>"$WORK/table"
+        read -r recv epoll < <(sed -n '1s/.* recv \([0-9.]*\) epoll_wait \([0-9.]*\).*/\1 \2/p' \
+            "$OUT/top-$policy-$body.txt")
+        echo "| $policy | $body | $N | $total | $per | $recv | $epoll |" >>"$WORK/table"
         echo "  $policy $body: $per instructions per request" >&2
     done
     kill "$VG" 2>/dev/null || true
@@ -234,4 +247,4 @@ echo "kvgate user-space instructions per request (callgrind, $(basename "$BIN") 
 echo
 cat "$WORK/table"
 echo
-echo "top functions (self cost) per cell: $OUT/top-*.txt"
+echo "own cost by function per cell: $OUT/top-*.txt"
