@@ -7,17 +7,9 @@ use common::*;
 use kvgate_core::load::RouterLoad;
 use kvgate_core::Source;
 use kvgate_gossip::wire::envelope::{Header, Keys};
-use kvgate_gossip::wire::payload::{encode_delta, EntriesBuilder};
 use kvgate_gossip::wire::Kind;
 use std::net::SocketAddr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decision_on_one_replica_reaches_the_others() {
@@ -296,44 +288,6 @@ async fn partitioned_replica_rejoins_and_converges() {
     for n in c {
         n.gossip.shutdown().await;
     }
-}
-
-fn sealed_delta(
-    keys: &Keys,
-    sender: u64,
-    counter: u64,
-    instance: usize,
-    hashes: &[u64],
-) -> Vec<u8> {
-    let now = wall_ms();
-    let mut b = EntriesBuilder::new(now, 60_000);
-    b.push(
-        kvgate_gossip::instance_key(&instance_name(instance)),
-        now,
-        60_000,
-        hashes,
-    );
-    let mut payload = Vec::new();
-    encode_delta(0, 1, b, &mut payload);
-    let mut d = Vec::new();
-    keys.seal(
-        &Header {
-            kind: Kind::Delta,
-            sender,
-            counter,
-            wall_ms: now,
-        },
-        &payload,
-        &mut d,
-    );
-    d
-}
-
-async fn send_raw(to: SocketAddr, d: &[u8]) {
-    let s = tokio::net::UdpSocket::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    s.send_to(d, to).await.expect("send");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

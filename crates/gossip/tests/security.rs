@@ -8,25 +8,15 @@
 mod common;
 
 use common::*;
-use kvgate_gossip::wire::envelope::{Header, Keys, HEADER_LEN, NONCE_LEN, OVERHEAD};
-use kvgate_gossip::wire::payload::{encode_delta, EntriesBuilder};
-use kvgate_gossip::wire::Kind;
+use kvgate_gossip::wire::envelope::{Keys, HEADER_LEN, NONCE_LEN, OVERHEAD};
 use kvgate_gossip::GossipConfig;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Mutex, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 const OLD: &str = "rotation-old-secret-0123";
 const NEW: &str = "rotation-new-secret-4567";
-
-fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// The process-wide metrics recorder (installed once; tests in this binary share it, so they
 /// compare counts before and after, and only ever ask for at least their own increments).
@@ -64,44 +54,6 @@ fn keyed(seeds: &[SocketAddr], secret: &str, previous: &[&str]) -> GossipConfig 
         previous_secrets: previous.iter().map(|s| s.to_string()).collect(),
         ..fast_config(seeds)
     }
-}
-
-fn sealed_delta(
-    keys: &Keys,
-    sender: u64,
-    counter: u64,
-    instance: usize,
-    hashes: &[u64],
-) -> Vec<u8> {
-    let now = wall_ms();
-    let mut b = EntriesBuilder::new(now, 60_000);
-    b.push(
-        kvgate_gossip::instance_key(&instance_name(instance)),
-        now,
-        60_000,
-        hashes,
-    );
-    let mut payload = Vec::new();
-    encode_delta(0, 1, b, &mut payload);
-    let mut d = Vec::new();
-    keys.seal(
-        &Header {
-            kind: Kind::Delta,
-            sender,
-            counter,
-            wall_ms: now,
-        },
-        &payload,
-        &mut d,
-    );
-    d
-}
-
-async fn send_raw(to: SocketAddr, d: &[u8]) {
-    let s = tokio::net::UdpSocket::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    s.send_to(d, to).await.expect("send");
 }
 
 /// Both replicas see each other, and a fresh decision of each reaches the other.

@@ -5,11 +5,14 @@
 use kvgate_core::index::{IndexConfig, PlacementIndex, PrefixMatches};
 use kvgate_core::{BlockHash, InstanceId, Millis, Source};
 use kvgate_gossip::transport::{PartitionableTransport, UdpTransport};
+use kvgate_gossip::wire::envelope::{Header, Keys};
+use kvgate_gossip::wire::payload::{encode_delta, EntriesBuilder};
+use kvgate_gossip::wire::Kind;
 use kvgate_gossip::{Clock, Gossip, GossipConfig, InstanceDirectory};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub const SECRET: &str = "test-secret-0123456789";
 pub const INSTANCES: usize = 4;
@@ -186,3 +189,52 @@ pub fn chain(seed: u64, n: usize) -> Vec<BlockHash> {
 }
 
 pub const CONVERGE: Duration = Duration::from_secs(10);
+
+/// Wall-clock milliseconds, as envelopes carry them.
+pub fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A delta datagram sealed with `keys`: `hashes` placed on instance `instance`, as `sender`'s
+/// `counter`-th datagram.
+pub fn sealed_delta(
+    keys: &Keys,
+    sender: u64,
+    counter: u64,
+    instance: usize,
+    hashes: &[u64],
+) -> Vec<u8> {
+    let now = wall_ms();
+    let mut b = EntriesBuilder::new(now, 60_000);
+    b.push(
+        kvgate_gossip::instance_key(&instance_name(instance)),
+        now,
+        60_000,
+        hashes,
+    );
+    let mut payload = Vec::new();
+    encode_delta(0, 1, b, &mut payload);
+    let mut d = Vec::new();
+    keys.seal(
+        &Header {
+            kind: Kind::Delta,
+            sender,
+            counter,
+            wall_ms: now,
+        },
+        &payload,
+        &mut d,
+    );
+    d
+}
+
+/// Sends raw bytes to `to` from a fresh socket.
+pub async fn send_raw(to: SocketAddr, d: &[u8]) {
+    let s = tokio::net::UdpSocket::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    s.send_to(d, to).await.expect("send");
+}
