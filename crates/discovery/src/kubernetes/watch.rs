@@ -76,6 +76,12 @@ enum After {
     RelistLater,
 }
 
+/// A failed list: reports `msg` and waits out the next backoff before the caller lists again.
+async fn report_and_wait<T>(tx: &watch::Sender<Watched<T>>, msg: String, backoff: &mut Backoff) {
+    report(tx, msg);
+    tokio::time::sleep(backoff.next_delay()).await;
+}
+
 fn report<T>(tx: &watch::Sender<Watched<T>>, msg: String) {
     let changed = tx.send_if_modified(|w| {
         if w.error.as_deref() == Some(msg.as_str()) {
@@ -128,30 +134,23 @@ pub async fn run<T: Resource>(client: Arc<Client>, spec: WatchSpec, tx: watch::S
                 }
                 not_found = 0;
                 let tried: Vec<&str> = spec.apis.iter().map(|a| a.path.as_str()).collect();
-                report(
-                    &tx,
-                    format!(
-                        "kubernetes: {} not served (HTTP 404 from {}): is its CRD installed?",
-                        api.resource,
-                        tried.join(" and ")
-                    ),
+                let msg = format!(
+                    "kubernetes: {} not served (HTTP 404 from {}): is its CRD installed?",
+                    api.resource,
+                    tried.join(" and ")
                 );
-                tokio::time::sleep(backoff.next_delay()).await;
+                report_and_wait(&tx, msg, &mut backoff).await;
                 continue;
             }
             Err(e) => {
-                report(&tx, describe(&e, "list", api, &ns));
-                tokio::time::sleep(backoff.next_delay()).await;
+                report_and_wait(&tx, describe(&e, "list", api, &ns), &mut backoff).await;
                 continue;
             }
         };
         not_found = 0;
         if let Err(e) = reflector.replace(items, rv) {
-            report(
-                &tx,
-                format!("kubernetes: {} in namespace {ns}: {e}", api.resource),
-            );
-            tokio::time::sleep(backoff.next_delay()).await;
+            let msg = format!("kubernetes: {} in namespace {ns}: {e}", api.resource);
+            report_and_wait(&tx, msg, &mut backoff).await;
             continue;
         }
         backoff.reset();
