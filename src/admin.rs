@@ -48,7 +48,14 @@ pub async fn metrics(State(s): State<AppState>) -> Response {
             metrics::set_token_cache_stats(&p.model, &stats);
         }
     }
-    let mut r = s.metrics.render().into_response();
+    let mut text = s.metrics.render();
+    if !s.fleet.retired().is_empty() {
+        text = s
+            .fleet
+            .retired()
+            .with(|gone| metrics::without_instances(&text, gone));
+    }
+    let mut r = text.into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

@@ -393,6 +393,76 @@ pub fn class_index(status: u16) -> usize {
     }
 }
 
+/// `text` (Prometheus exposition format) without the samples labelled with an `instance` in
+/// `gone`. `# HELP` / `# TYPE` lines stay: other series of the metric may remain.
+pub fn without_instances(text: &str, gone: &std::collections::HashSet<String>) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let drop = !line.starts_with('#')
+            && instance_label(line).is_some_and(|name| gone.contains(name.as_ref()));
+        if !drop {
+            out.push_str(line);
+        }
+    }
+    out
+}
+
+/// The value of a sample line's `instance` label, unescaped.
+fn instance_label(line: &str) -> Option<std::borrow::Cow<'_, str>> {
+    let open = line.find('{')?;
+    let labels = &line[open + 1..];
+    let mut rest = labels;
+    loop {
+        let eq = rest.find("=\"")?;
+        let key = rest[..eq].trim_start_matches(',').trim();
+        let body = &rest[eq + 2..];
+        // The value runs to the first quote not escaped by a backslash.
+        let mut end = None;
+        let mut escaped = false;
+        for (i, c) in body.char_indices() {
+            match c {
+                '\\' if !escaped => escaped = true,
+                '"' if !escaped => {
+                    end = Some(i);
+                    break;
+                }
+                _ => escaped = false,
+            }
+        }
+        let end = end?;
+        let raw = &body[..end];
+        if key == "instance" {
+            return Some(if raw.contains('\\') {
+                std::borrow::Cow::Owned(unescape_label(raw))
+            } else {
+                std::borrow::Cow::Borrowed(raw)
+            });
+        }
+        rest = &body[end + 1..];
+        if !rest.starts_with(',') {
+            return None;
+        }
+    }
+}
+
+/// A label value with the exposition format's escapes (`\\`, `\"`, `\n`) undone.
+fn unescape_label(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some(other) => out.push(other),
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
 /// Pre-registered per-instance handles, so the request path does no registry lookups.
 /// Must be built after [`install`].
 pub struct InstanceMetrics {
@@ -617,4 +687,37 @@ pub fn record_decision(
                 .record(r);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn leaves_out_only_the_gone_instances_samples() {
+        let text = "# HELP kvgate_in_flight_requests x\n\
+                    # TYPE kvgate_in_flight_requests gauge\n\
+                    kvgate_in_flight_requests{instance=\"gone\"} 3\n\
+                    kvgate_in_flight_requests{instance=\"gone-2\"} 1\n\
+                    kvgate_instance_healthy{pool=\"m\",instance=\"gone\"} 0\n\
+                    kvgate_requests_total{route=\"chat\",pool=\"m\",instance=\"\",status=\"4xx\"} 2\n\
+                    kvgate_pool_instances{pool=\"gone\",state=\"serving\"} 1\n\
+                    kvgate_odd{pool=\"a\\\"instance=\\\"gone\",instance=\"kept\"} 1\n\
+                    kvgate_esc{instance=\"we\\\"ird\"} 1\n\
+                    kvgate_uptime 5\n";
+        let gone: HashSet<String> = ["gone".to_string(), "we\"ird".to_string()].into();
+        let out = without_instances(text, &gone);
+        assert_eq!(
+            out,
+            "# HELP kvgate_in_flight_requests x\n\
+             # TYPE kvgate_in_flight_requests gauge\n\
+             kvgate_in_flight_requests{instance=\"gone-2\"} 1\n\
+             kvgate_requests_total{route=\"chat\",pool=\"m\",instance=\"\",status=\"4xx\"} 2\n\
+             kvgate_pool_instances{pool=\"gone\",state=\"serving\"} 1\n\
+             kvgate_odd{pool=\"a\\\"instance=\\\"gone\",instance=\"kept\"} 1\n\
+             kvgate_uptime 5\n"
+        );
+        assert_eq!(without_instances(text, &HashSet::new()), text);
+    }
 }

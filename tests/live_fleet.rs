@@ -162,6 +162,12 @@ async fn scale_up_takes_traffic_and_scale_down_drains_in_flight_requests() {
         m.contains(r#"kvgate_discovery_changes_total{pool="scale",change="removed"} 1"#),
         "{m}"
     );
+    // The freed instance's series leave the scrape; the serving one's stay.
+    assert!(!m.contains(r#"instance="b""#), "{m}");
+    assert!(
+        m.contains(r#"kvgate_instance_healthy{pool="scale",instance="a"} 1"#),
+        "{m}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -152,6 +152,7 @@ impl Fleet {
                         slots[slot] = Some(inst.clone());
                     }
                     serving += 1;
+                    self.retired.revive(&inst.name);
                     change.added.push(inst);
                 }
                 Err(e) => change.refused.push((ep.name.clone(), e.to_string())),
@@ -184,6 +185,11 @@ impl Fleet {
         if !freed.is_empty() {
             while matches!(slots.last(), Some(None)) {
                 slots.pop();
+            }
+            for gone in &freed {
+                if !slots.iter().flatten().any(|i| i.name == gone.name) {
+                    self.retired.retire(&gone.name);
+                }
             }
             self.publish(&cur, slots);
         }

@@ -16,6 +16,7 @@ pub mod health;
 pub mod instance;
 pub mod membership;
 pub mod models;
+pub mod retired;
 pub mod scrape;
 pub mod tasks;
 pub mod view;
@@ -118,6 +119,8 @@ pub struct Fleet {
     /// Serialises membership changes (readers never take it).
     edit: Mutex<()>,
     next_uid: AtomicU64,
+    /// Names of freed instances, left out of `/metrics`.
+    retired: retired::RetiredNames,
 }
 
 impl Fleet {
@@ -172,7 +175,14 @@ impl Fleet {
             capacity,
             edit: Mutex::new(()),
             next_uid,
+            retired: retired::RetiredNames::default(),
         })
+    }
+
+    /// Names of instances freed from the fleet (none of that name is in it now), whose series
+    /// `/metrics` leaves out.
+    pub fn retired(&self) -> &retired::RetiredNames {
+        &self.retired
     }
 
     /// All pools.

@@ -24,6 +24,10 @@ pub enum ContenderSpec {
         name: String,
         /// Routing policy.
         policy: PolicyName,
+        /// Policy parameter overrides (`KEY=VALUE`, keys as in `offline --set`), applied to the
+        /// base config's policy section: two variants of one policy can run in one comparison.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        overrides: Vec<String>,
     },
     /// An external router process.
     External {
@@ -59,7 +63,11 @@ impl ContenderSpec {
             PolicyName::Kvgate => "kvgate".to_string(),
             p => format!("kvgate:{p}"),
         };
-        ContenderSpec::Kvgate { name, policy }
+        ContenderSpec::Kvgate {
+            name,
+            policy,
+            overrides: Vec::new(),
+        }
     }
 
     /// Built-in external routers, by the names [`ContenderSpec::parse`] accepts.
@@ -107,9 +115,41 @@ impl ContenderSpec {
         })
     }
 
-    /// Parses a CLI contender: a kvgate policy name (`kvgate`, `round_robin`, ...), a preset
-    /// (`smg`, `sglang-router`, `vllm-router`), or `NAME=COMMAND TEMPLATE`.
+    /// Parses a CLI contender: a kvgate policy name (`kvgate`, `round_robin`, ...), optionally
+    /// with policy overrides in brackets (`kvgate[kvgate.objective=e2e;kvgate.decode_weight=0.5]`,
+    /// shown under that whole name), a preset (`smg`, `sglang-router`, `vllm-router`), or
+    /// `NAME=COMMAND TEMPLATE`.
     pub fn parse(s: &str) -> Result<Self, String> {
+        if let Some((head, rest)) = s.split_once('[') {
+            if let Some(inner) = rest.strip_suffix(']') {
+                if !head.contains('=') && !head.contains(' ') {
+                    let overrides: Vec<String> = inner
+                        .split(';')
+                        .map(str::trim)
+                        .filter(|o| !o.is_empty())
+                        .map(str::to_string)
+                        .collect();
+                    if overrides.is_empty() || overrides.iter().any(|o| !o.contains('=')) {
+                        return Err(format!(
+                            "contender {s:?}: expected POLICY[KEY=VALUE;KEY=VALUE...]"
+                        ));
+                    }
+                    let policy = match Self::parse(head)? {
+                        ContenderSpec::Kvgate { policy, .. } => policy,
+                        _ => {
+                            return Err(format!(
+                                "contender {s:?}: overrides apply to kvgate policies only"
+                            ))
+                        }
+                    };
+                    return Ok(ContenderSpec::Kvgate {
+                        name: s.to_string(),
+                        policy,
+                        overrides,
+                    });
+                }
+            }
+        }
         if let Some((name, command)) = s.split_once('=') {
             let name = name.trim();
             if name.is_empty() || command.trim().is_empty() {
@@ -200,6 +240,22 @@ mod tests {
             ContenderSpec::parse("sglang-router").unwrap(),
             ContenderSpec::External { .. }
         ));
+        let v =
+            ContenderSpec::parse("kvgate[kvgate.objective=e2e; kvgate.decode_weight=0.5]").unwrap();
+        assert_eq!(
+            v,
+            ContenderSpec::Kvgate {
+                name: "kvgate[kvgate.objective=e2e; kvgate.decode_weight=0.5]".into(),
+                policy: PolicyName::Kvgate,
+                overrides: vec![
+                    "kvgate.objective=e2e".into(),
+                    "kvgate.decode_weight=0.5".into()
+                ],
+            }
+        );
+        assert!(ContenderSpec::parse("kvgate[]").is_err());
+        assert!(ContenderSpec::parse("kvgate[objective]").is_err());
+        assert!(ContenderSpec::parse("smg[kvgate.objective=e2e]").is_err());
         let c = ContenderSpec::parse("mine=./r --port {port}").unwrap();
         assert_eq!(c.name(), "mine");
         let err = ContenderSpec::parse("nope").unwrap_err();

@@ -152,13 +152,20 @@ async fn start_router(
     fleet: &Fleet,
 ) -> Result<(Router, String, Option<String>, Option<String>), String> {
     match spec {
-        ContenderSpec::Kvgate { policy, .. } => {
-            let c = gateway::config_for(
+        ContenderSpec::Kvgate {
+            policy, overrides, ..
+        } => {
+            let mut c = gateway::config_for(
                 &cfg.kvgate_base,
                 *policy,
                 &fleet.instances(),
                 &cfg.fleet.model,
             );
+            if !overrides.is_empty() {
+                c.routing.policy =
+                    crate::offline::policies::apply_overrides_to(&c.routing.policy, overrides)
+                        .map_err(|e| e.to_string())?;
+            }
             let g = gateway::InProcessGateway::start(c)
                 .await
                 .map_err(|e| e.to_string())?;
