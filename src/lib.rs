@@ -90,6 +90,7 @@ pub mod events;
 pub mod fleet;
 pub mod live;
 pub mod metrics;
+pub mod picker;
 pub mod proxy;
 pub mod ratelimit;
 pub mod routing;
