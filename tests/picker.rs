@@ -889,3 +889,36 @@ async fn grpc_health_reports_serving() {
     }
     let _ = &mut h;
 }
+
+#[tokio::test]
+async fn fields_the_proxy_would_not_forward_are_removed() {
+    let (_mocks, _gw, picker) = setup(|_| {}).await;
+    let body = chat("strip", 50, false);
+    let mut s = Stream::open(picker.addr).await;
+    s.send(req_headers(
+        "/v1/chat/completions",
+        &[
+            ("x-kvgate-instance", "spoofed"),
+            ("x-kvgate-priority", "critical"),
+        ],
+        false,
+        None,
+    ))
+    .await;
+    s.send(req_body(body.as_bytes(), true)).await;
+    let m = s.expect().await;
+    let Some(Resp::RequestHeaders(h)) = &m.response else {
+        panic!("{m:?}")
+    };
+    let mutation = h
+        .response
+        .as_ref()
+        .unwrap()
+        .header_mutation
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        mutation.remove_headers,
+        vec!["x-kvgate-instance".to_string()]
+    );
+}

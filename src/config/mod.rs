@@ -577,6 +577,8 @@ mod tests {
             (env::WRITE_TIMEOUT_MS, "5000"),
             (env::BODY_BUDGET_BYTES, "1048576"),
             (env::BODY_BUDGET_WAIT_MS, "250"),
+            (env::PICKER_ENABLED, "true"),
+            (env::PICKER_LISTEN, "0.0.0.0:9100"),
         ]
         .into();
         let mut c = Config::default();
@@ -588,6 +590,8 @@ mod tests {
             ["old-secret-0123456789", "older-secret-0123456"]
         );
         assert_eq!(c.server.listen, "0.0.0.0:9000");
+        assert!(c.picker.enabled);
+        assert_eq!(c.picker.listen, "0.0.0.0:9100");
         assert_eq!(c.server.log_format, LogFormat::Json);
         assert_eq!(c.upstream.max_attempts, 5);
         let l = &c.server.limits;

@@ -101,12 +101,12 @@ pub fn destination_metadata(destination: &str) -> Struct {
 }
 
 /// The answer to the request headers once the endpoint is chosen: the destination header (and
-/// `content-length` when the body is passed back with a length of its own), the route cache
-/// cleared so that the gateway routes on the new header, and the destination metadata.
+/// `content-length` when the body is passed back), the fields in `remove` removed, the route
+/// cache cleared so that the gateway routes on the new header, and the destination metadata.
 pub fn destination_response(
     destination: &str,
     content_length: Option<usize>,
-    extra: &[(&str, Vec<u8>)],
+    remove: &[String],
 ) -> ProcessingResponse {
     let mut set = vec![set_header(
         DESTINATION_ENDPOINT_HEADER,
@@ -115,15 +115,12 @@ pub fn destination_response(
     if let Some(n) = content_length {
         set.push(set_header("content-length", n.to_string().into_bytes()));
     }
-    for (k, v) in extra {
-        set.push(set_header(k, v.clone()));
-    }
     ProcessingResponse {
         response: Some(Response::RequestHeaders(HeadersResponse {
             response: Some(CommonResponse {
                 header_mutation: Some(HeaderMutation {
                     set_headers: set,
-                    remove_headers: Vec::new(),
+                    remove_headers: remove.to_vec(),
                 }),
                 clear_route_cache: true,
                 ..Default::default()

@@ -253,10 +253,14 @@ async fn run_stream(
     }
     let body = req.take();
     let decided = match pick(state, &req, body.clone(), subset.as_deref(), rotate).await {
-        Ok(Ok((decided, destination, passed))) => {
+        Ok(Ok((decided, destination, passed, remove))) => {
             let mut msgs = Vec::with_capacity(2 + passed.len() / protocol::MAX_BODY_CHUNK);
             let length = req.bodied.then_some(passed.len());
-            msgs.push(protocol::destination_response(&destination, length, &[]));
+            msgs.push(protocol::destination_response(
+                &destination,
+                length,
+                &remove,
+            ));
             if req.bodied {
                 protocol::body_chunks(&passed, !req.trailers, true, &mut msgs);
             }
@@ -301,7 +305,10 @@ async fn hold<'a>(
     Ok(())
 }
 
-type Picked<'s> = (Decided<'s>, String, Bytes);
+/// The decision, the destination list, the body to pass back and the request fields to remove
+/// (what the proxy would not forward: a client's API key when keys are not forwarded, and
+/// `x-kvgate-*` fields kvgate does not take from clients).
+type Picked<'s> = (Decided<'s>, String, Bytes, Vec<String>);
 
 /// Routes the complete request: through the proxy's admit + decide when it is an OpenAI
 /// request with a body, else to a usable instance in turn. The inner `Err` is the answer (or
@@ -328,6 +335,7 @@ async fn pick<'s>(
                 },
                 inst.authority.clone(),
                 body,
+                Vec::new(),
             )),
             None => {
                 let e = GatewayError::NoHealthyInstance {
@@ -357,6 +365,26 @@ async fn pick<'s>(
     };
     let label = proxy::tenant_label(state, who.as_ref().map(|p| &p.tenant));
     metrics::record_tenant_request(&label);
+    // The fields the proxy would not forward are removed here too, and the request is admitted
+    // on what is left, as the proxy admits it.
+    let (tenant_header, strip_key) = proxy::client_filter(state);
+    let remove: Vec<http::HeaderName> = req
+        .headers
+        .keys()
+        .filter(|n| !headers::from_client(n.as_str().as_bytes(), tenant_header, strip_key))
+        .cloned()
+        .collect();
+    let kept;
+    let oh = if remove.is_empty() {
+        oh
+    } else {
+        let mut h = req.headers.clone();
+        for n in &remove {
+            h.remove(n);
+        }
+        kept = h;
+        OutHeaders::Map(&kept)
+    };
     let decided = async {
         let mut adm = proxy::admit(state, endpoint, &oh, body, who.as_ref()).await?;
         adm.prep.fallbacks = state.config.picker.fallbacks;
@@ -387,6 +415,7 @@ async fn pick<'s>(
         },
         destination,
         passed,
+        remove.iter().map(|n| n.as_str().to_string()).collect(),
     )))
 }
 
