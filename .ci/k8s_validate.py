@@ -18,6 +18,8 @@ SKIP = {
     ("monitoring.coreos.com", "ServiceMonitor"),
     ("monitoring.coreos.com", "PrometheusRule"),
     ("inference.networking.k8s.io", "InferencePool"),
+    ("gateway.networking.k8s.io", "Gateway"),
+    ("gateway.networking.k8s.io", "HTTPRoute"),
 }
 
 

@@ -24,7 +24,16 @@
 //!   going straight to the same handler and everything else through the axum router
 //!   ([`proxy::service`]); [`proxy::limits`] holds both paths to the same timeouts,
 //!   connection cap and in-flight body budget; token-mode parsing and tokenizing of large bodies
-//!   run on a bounded set of blocking threads ([`proxy::offload`]).
+//!   run on a bounded set of blocking threads ([`proxy::offload`]). A request's "admit + decide"
+//!   ([`proxy::admit`], [`proxy::decide`]) and its response observation
+//!   ([`proxy::body::Tracker`]) are the steps the endpoint picker shares.
+//! - [`picker`] — the second door: a Gateway API Inference Extension endpoint picker, Envoy's
+//!   `ext_proc` gRPC service on its own port (`[picker]`), beside the HTTP listener and over the
+//!   same state. Each stream's request body is gathered ([`picker::stream`]), routed through the
+//!   proxy's own [`proxy::admit`] and [`proxy::decide`], answered with the endpoint header and
+//!   `envoy.lb` metadata ([`picker::protocol`]); the response is observed by the proxy's
+//!   [`proxy::body::Tracker`], so load, learned rates, gossip and `/admin/decisions` work as in
+//!   proxy mode.
 //! - [`admission`] — admission control: while every usable instance of a pool is saturated
 //!   (predicted time to first token over a bound, or in-flight requests at a capacity), requests
 //!   wait in the pool's queue (`kvgate_core::admission`: priority classes, token-fair tenant
@@ -90,6 +99,7 @@ pub mod events;
 pub mod fleet;
 pub mod live;
 pub mod metrics;
+pub mod picker;
 pub mod proxy;
 pub mod ratelimit;
 pub mod routing;

@@ -242,7 +242,50 @@ async fn serve(mut cfg: Config, threads: usize) -> Result<()> {
             scheme = if state.config.server.tls.is_some() { "https" } else { "http" },
         );
     }
-    kvgate::proxy::server::run(listener, state, threads, shutdown_signal()).await?;
+    // One signal stops both doors: the HTTP listener and, when enabled, the endpoint picker.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let picker = if state.config.picker.enabled {
+        let addr = &state.config.picker.listen;
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr} (picker.listen)"))?;
+        tracing::info!(
+            listen = %l.local_addr()?,
+            failure_mode = ?state.config.picker.failure_mode,
+            "endpoint picker (ext_proc) serving"
+        );
+        let s = stop.clone();
+        Some(tokio::spawn(kvgate::picker::serve(
+            l,
+            state.clone(),
+            async move { s.cancelled().await },
+        )))
+    } else {
+        None
+    };
+    let s = stop.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        s.cancel();
+    });
+    let stop_all = stop.clone();
+    let served =
+        kvgate::proxy::server::run(
+            listener,
+            state,
+            threads,
+            async move { stop.cancelled().await },
+        )
+        .await;
+    // The HTTP side stopped (a signal, or an error): the picker stops with it.
+    stop_all.cancel();
+    if let Some(p) = picker {
+        match p.await {
+            Ok(r) => r.context("endpoint picker")?,
+            Err(e) => tracing::warn!("endpoint picker task failed: {e}"),
+        }
+    }
+    served?;
     if let Some(f) = embedded {
         f.shutdown().await;
     }

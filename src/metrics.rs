@@ -28,6 +28,9 @@ pub const IN_FLIGHT: &str = "kvgate_in_flight_requests";
 pub const RETRIES: &str = "kvgate_retries_total";
 /// Counter: predictions taken back because their request did not reach the instance.
 pub const RETRACTIONS: &str = "kvgate_prediction_retractions_total";
+/// Counter: ext_proc streams the endpoint picker could not serve itself, by bounded reason
+/// (`max_streams`, `idle_timeout`, `response_idle_timeout`).
+pub const PICKER_FAILURES: &str = "kvgate_picker_failures_total";
 /// Requests rejected by the gateway itself, by error code.
 pub const REJECTED: &str = "kvgate_rejected_requests_total";
 /// Requests answered per tenant (label: the keys file's tenants, `anonymous` without keys,
@@ -210,6 +213,10 @@ fn build() -> Result<PrometheusHandle, String> {
         "Routing predictions taken back (locally and through gossip): the attempt was refused, or admission control held the request back."
     );
     describe_counter!(REJECTED, "Requests rejected by the gateway, by error code.");
+    describe_counter!(
+        PICKER_FAILURES,
+        "Endpoint picker streams ended for a reason of the picker's own (stream cap, idle stream), answered by picker.failure_mode."
+    );
     describe_counter!(TENANT_REQUESTS, "Requests answered per tenant.");
     describe_counter!(
         TENANT_REJECTIONS,
@@ -608,6 +615,17 @@ pub fn record_upstream_error(instance: &str, cause: &'static str) {
 /// A retry on another instance; `cause` is one of `connect`, `closed`, `status`.
 pub fn record_retry(pool: &str, cause: &'static str) {
     counter!(RETRIES, "pool" => pool.to_string(), "cause" => cause).increment(1);
+}
+
+/// The endpoint picker could not serve a stream itself (`reason`: a fixed set).
+pub fn record_picker_failure(reason: &str) {
+    let reason: &'static str = match reason {
+        "max_streams" => "max_streams",
+        "idle_timeout" => "idle_timeout",
+        "response_idle_timeout" => "response_idle_timeout",
+        _ => "other",
+    };
+    counter!(PICKER_FAILURES, "reason" => reason).increment(1);
 }
 
 /// A prediction was taken back.

@@ -47,6 +47,10 @@ pub struct Prepared {
     pub tokens_per_block: u32,
     /// The request's output bound, if it gave one.
     pub max_tokens: Option<u32>,
+    /// How many other instances the decision should also name, best first, for a gateway that
+    /// retries on them itself (the endpoint picker's fallback list); 0: none (the proxy retries
+    /// through new decisions).
+    pub fallbacks: usize,
 }
 
 /// A decision and the load it holds.
@@ -55,6 +59,8 @@ pub struct Routed {
     pub chosen: InstanceId,
     /// It, held for the request's life (it may be removed from the fleet meanwhile).
     pub instance: Arc<Instance>,
+    /// Up to [`Prepared::fallbacks`] other candidates, best first by the policy's scores.
+    pub fallbacks: Vec<Arc<Instance>>,
     /// Leading prompt blocks it holds.
     pub matched_blocks: u32,
     /// Leading blocks the index placed there before this decision (what a retraction keeps).
@@ -355,6 +361,7 @@ impl Routing {
                     tokens_per_block: pr.block_size,
                     text,
                     max_tokens: input.max_tokens,
+                    fallbacks: 0,
                 });
             }
         }
@@ -369,6 +376,7 @@ impl Routing {
             tokens_per_block: tpb,
             text,
             max_tokens: input.max_tokens,
+            fallbacks: 0,
         })
     }
 
@@ -473,7 +481,16 @@ impl Routing {
                 model: pool.model.clone(),
             });
         };
+        let fallbacks = if prep.fallbacks == 0 {
+            Vec::new()
+        } else {
+            ranked_others(&decision, prep.fallbacks)
+                .into_iter()
+                .filter_map(|id| view.instance(id).cloned())
+                .collect()
+        };
         let routed = Routed {
+            fallbacks,
             chosen: decision.chosen,
             matched_blocks: decision.matched_blocks,
             known_blocks: routed.known_blocks,
@@ -667,6 +684,29 @@ impl Peers for GossipPeers<'_> {
 thread_local! {
     /// Each serving thread's decision buffers (a decision allocates nothing once warm).
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+/// The candidates of `decision` other than the chosen one, at most `n`, best first. Scores are
+/// policy-specific in direction (a cost for kvgate's policy, a preference for others), so the
+/// direction is the one the chosen candidate's score is an extreme of; with neither (a random or
+/// tie-broken choice) the candidates keep their offer order.
+pub fn ranked_others(decision: &Decision, n: usize) -> Vec<InstanceId> {
+    let Some(chosen) = decision.scores.iter().find(|c| c.id == decision.chosen) else {
+        return Vec::new();
+    };
+    let mut others: Vec<_> = decision
+        .scores
+        .iter()
+        .filter(|c| c.id != decision.chosen)
+        .collect();
+    let lowest = others.iter().all(|c| chosen.score <= c.score);
+    let highest = others.iter().all(|c| chosen.score >= c.score);
+    if lowest && !highest {
+        others.sort_by(|a, b| a.score.total_cmp(&b.score));
+    } else if highest && !lowest {
+        others.sort_by(|a, b| b.score.total_cmp(&a.score));
+    }
+    others.into_iter().take(n).map(|c| c.id).collect()
 }
 
 /// A well-mixed per-request seed from a counter.

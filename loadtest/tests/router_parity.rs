@@ -149,6 +149,7 @@ fn replay(kind: &str, policy: PolicyName, objective: Objective) {
             prompt_tokens: req.prompt_tokens,
             tokens_per_block: BLOCK,
             max_tokens: Some(req.output_tokens),
+            fallbacks: 0,
         };
         let at = Moment {
             now,

@@ -55,6 +55,10 @@ pub const WRITE_TIMEOUT_MS: &str = "KVGATE_WRITE_TIMEOUT_MS";
 pub const BODY_BUDGET_BYTES: &str = "KVGATE_BODY_BUDGET_BYTES";
 /// `server.limits.body_budget_wait_ms`: how long a body waits for room in the budget.
 pub const BODY_BUDGET_WAIT_MS: &str = "KVGATE_BODY_BUDGET_WAIT_MS";
+/// `picker.enabled`: serve the ext_proc endpoint picker (`true`/`false`).
+pub const PICKER_ENABLED: &str = "KVGATE_PICKER_ENABLED";
+/// `picker.listen`: socket address of the endpoint picker's gRPC listener.
+pub const PICKER_LISTEN: &str = "KVGATE_PICKER_LISTEN";
 
 /// All variables applied as config overrides, in the order they are applied.
 pub const OVERRIDES: &[&str] = &[
@@ -82,4 +86,6 @@ pub const OVERRIDES: &[&str] = &[
     WRITE_TIMEOUT_MS,
     BODY_BUDGET_BYTES,
     BODY_BUDGET_WAIT_MS,
+    PICKER_ENABLED,
+    PICKER_LISTEN,
 ];

@@ -10,6 +10,7 @@
 mod admission;
 mod auth;
 pub mod env;
+mod picker;
 mod pools;
 mod ratelimit;
 mod routing;
@@ -19,6 +20,7 @@ mod upstream;
 
 pub use admission::AdmissionConfig;
 pub use auth::{AuthConfig, CacheSharing};
+pub use picker::{FailureMode, PickerConfig};
 pub use pools::{Flavour, InstanceConfig, PoolConfig, SimConfig};
 pub use ratelimit::RateLimitsConfig;
 pub use routing::{HashMode, IndexSection, RoutingConfig, TokenizeSection};
@@ -57,6 +59,8 @@ pub struct Config {
     pub auth: AuthConfig,
     /// Default per-tenant rate limits (tenants' own are in the keys file).
     pub rate_limits: RateLimitsConfig,
+    /// The ext_proc endpoint picker (Gateway API Inference Extension), off by default.
+    pub picker: PickerConfig,
 }
 
 /// A configuration problem, naming the offending key (or environment variable).
@@ -145,6 +149,12 @@ impl Config {
         }
         if let Some(v) = lookup(env::LISTEN) {
             self.server.listen = v;
+        }
+        if let Some(v) = lookup(env::PICKER_LISTEN) {
+            self.picker.listen = v;
+        }
+        if let Some(v) = lookup(env::PICKER_ENABLED) {
+            self.picker.enabled = parse(env::PICKER_ENABLED, "picker.enabled", &v)?;
         }
         if let Some(v) = lookup(env::LOG_FORMAT) {
             self.server.log_format = parse(env::LOG_FORMAT, "server.log_format", &v)?;
@@ -281,6 +291,7 @@ impl Config {
             ));
         }
         s.limits.validate()?;
+        self.picker.validate()?;
         if let Some(tls) = &s.tls {
             tls.validate()?;
         }
@@ -566,6 +577,8 @@ mod tests {
             (env::WRITE_TIMEOUT_MS, "5000"),
             (env::BODY_BUDGET_BYTES, "1048576"),
             (env::BODY_BUDGET_WAIT_MS, "250"),
+            (env::PICKER_ENABLED, "true"),
+            (env::PICKER_LISTEN, "0.0.0.0:9100"),
         ]
         .into();
         let mut c = Config::default();
@@ -577,6 +590,8 @@ mod tests {
             ["old-secret-0123456789", "older-secret-0123456"]
         );
         assert_eq!(c.server.listen, "0.0.0.0:9000");
+        assert!(c.picker.enabled);
+        assert_eq!(c.picker.listen, "0.0.0.0:9100");
         assert_eq!(c.server.log_format, LogFormat::Json);
         assert_eq!(c.upstream.max_attempts, 5);
         let l = &c.server.limits;

@@ -75,6 +75,9 @@ pub struct Tracker {
     charged: u64,
     /// The answer's own `completion_tokens`, when it reports one (charged at the end, if more).
     usage: crate::proxy::usage::CompletionTokens,
+    /// Whether its times teach the learned rates: not when another instance than the one the
+    /// decision predicted for answered (its dispatch-time load and cache match are not known).
+    learn: bool,
 }
 
 impl Tracker {
@@ -108,7 +111,34 @@ impl Tracker {
             rate_tenant: None,
             charged: 0,
             usage: Default::default(),
+            learn: true,
         }
+    }
+
+    /// Its times are not to teach the learned rates (see the field).
+    pub fn without_learning(&mut self) {
+        self.learn = false;
+    }
+
+    /// A data frame of the response passed on to the client: the first marks time to first
+    /// token; each is charged to the tenant's budget and counted for the decode step model.
+    /// The one observation step of both doors (the relayed body here, the endpoint picker's
+    /// response body messages).
+    pub fn observe(&mut self, data: &[u8]) {
+        if !self.first_seen {
+            self.on_first_data();
+        }
+        self.on_data(data);
+    }
+
+    /// The response ended complete: load released, learned rates and metrics recorded (once).
+    pub fn complete(&mut self) {
+        self.finish(End::Complete);
+    }
+
+    /// The response broke off upstream (once; a later end changes nothing).
+    pub fn broke(&mut self) {
+        self.finish(End::UpstreamError);
     }
 
     /// Charges this response's output tokens to `tenant`'s rate limit as they stream.
@@ -173,8 +203,10 @@ impl Tracker {
             // attempts.
             let ms = self.sent.elapsed().as_secs_f64() * 1e3;
             inst.ttft.observe(ms);
-            let batch = self.state.routing.observe_ttft(inst, &self.learning, ms);
-            self.first = Some((Instant::now(), batch));
+            if self.learn {
+                let batch = self.state.routing.observe_ttft(inst, &self.learning, ms);
+                self.first = Some((Instant::now(), batch));
+            }
         }
     }
 
@@ -293,10 +325,7 @@ impl Body for ProxyBody {
             Poll::Ready(Some(Ok(frame))) => {
                 let ended = this.inner.is_end_stream();
                 if let Some(data) = frame.data_ref() {
-                    if !this.tracker.first_seen {
-                        this.tracker.on_first_data();
-                    }
-                    this.tracker.on_data(data);
+                    this.tracker.observe(data);
                     // After the last frame there is nothing left to time (and re-arming a timer
                     // takes the timer driver's lock twice: to insert it and to drop it).
                     if !ended {

@@ -181,7 +181,7 @@ pub async fn handle_raw(state: &AppState, endpoint: Endpoint, req: RawRequest) -
 }
 
 /// What [`headers::from_client`] filters by: the tenant header and whether to strip the key.
-fn client_filter(state: &AppState) -> (&str, bool) {
+pub fn client_filter(state: &AppState) -> (&str, bool) {
     let auth = &state.config.auth;
     (
         state.admission.tenant_header().as_str(),
@@ -197,7 +197,7 @@ pub fn refusal(state: &AppState, endpoint: Endpoint, e: GatewayError) -> Reply {
 
 /// A tenant's bounded label: the key's tenant, [`crate::ratelimit::ANONYMOUS`] without keys,
 /// `unauthenticated` when keys are on and the request had no valid one.
-fn tenant_label(state: &AppState, tenant: Option<&std::sync::Arc<str>>) -> std::sync::Arc<str> {
+pub fn tenant_label(state: &AppState, tenant: Option<&std::sync::Arc<str>>) -> std::sync::Arc<str> {
     match tenant {
         Some(t) => t.clone(),
         None if state.auth.enabled() => "unauthenticated".into(),
@@ -219,35 +219,41 @@ fn answer(
     let mut reply = match result {
         Ok(r) => r,
         Err(e) => {
-            let status = e.status();
-            let reason = e.audit_reason();
-            metrics::record_tenant_rejection(&label, reason);
-            // Tenant, reason, status and id only: never the prompt or the key.
-            tracing::info!(
-                target: "kvgate::audit",
-                tenant = %label,
-                reason,
-                status = status.as_u16(),
-                code = e.code(),
-                request_id = ?rid,
-                "request refused"
-            );
-            metrics::record_rejected(
-                endpoint.label(),
-                e.code(),
-                metrics::status_class(status.as_u16()),
-            );
-            match e.fault() {
-                Fault::Client => {
-                    tracing::debug!(request_id = ?rid, code = e.code(), "rejected: {e}")
-                }
-                _ => tracing::warn!(request_id = ?rid, code = e.code(), "failed: {e}"),
-            }
+            record_refusal(endpoint, &e, &rid, &label);
             Reply::Made(e.into_response().map(GatewayBody::plain))
         }
     };
     reply.set(state.request_id_header.clone(), rid);
     reply
+}
+
+/// Counts and logs a refused request of `label`'s tenant: one audit line, the rejection
+/// metrics, a log line by fault. Both doors call it for every refusal.
+pub fn record_refusal(endpoint: Endpoint, e: &GatewayError, rid: &HeaderValue, label: &str) {
+    let status = e.status();
+    let reason = e.audit_reason();
+    metrics::record_tenant_rejection(label, reason);
+    // Tenant, reason, status and id only: never the prompt or the key.
+    tracing::info!(
+        target: "kvgate::audit",
+        tenant = %label,
+        reason,
+        status = status.as_u16(),
+        code = e.code(),
+        request_id = ?rid,
+        "request refused"
+    );
+    metrics::record_rejected(
+        endpoint.label(),
+        e.code(),
+        metrics::status_class(status.as_u16()),
+    );
+    match e.fault() {
+        Fault::Client => {
+            tracing::debug!(request_id = ?rid, code = e.code(), "rejected: {e}")
+        }
+        _ => tracing::warn!(request_id = ?rid, code = e.code(), "failed: {e}"),
+    }
 }
 
 /// What [`forward`] sends upstream besides the routing.
@@ -331,17 +337,38 @@ fn has_candidate(state: &AppState, pool: &Pool, tried: &[InstanceId]) -> bool {
         .any(|id| !tried.contains(id) && view.instance(*id).is_some_and(|i| i.health.usable(now)))
 }
 
-async fn forward(
-    state: &AppState,
+/// A request parsed, hashed for its pool, authorized for its model, admitted under its tenant's
+/// rate limit and given its admission gate: the first half of "admit + decide", shared by both
+/// doors — the proxy's [`forward`] and the endpoint picker ([`crate::picker`]).
+pub struct Admitted<'s> {
+    /// Its pool.
+    pub pool: &'s Pool,
+    /// Its prompt, hashed for that pool.
+    pub prep: crate::routing::Prepared,
+    /// Whether it asked for a stream.
+    pub stream: bool,
+    /// The body to send on: the client's bytes, with an isolated tenant's cache salt set.
+    pub body: Bytes,
+    /// Admission control's gate for the pool (open when admission is off).
+    pub gate: Gate<'s>,
+    /// The rate limit it was admitted under, if its tenant is limited.
+    pub rate: Option<crate::ratelimit::Admitted>,
+    /// The prompt's rate-limit charge: given back if dropped while no engine holds the request.
+    pub charge: crate::ratelimit::Charge<'s>,
+}
+
+/// Parses `bytes` as a request to `endpoint` (on the tokenizing threads when large), finds its
+/// pool, checks that `who` may use the model, charges the tenant's rate limit and builds the
+/// admission gate from `headers` (priority, tenant) and the body's priority.
+pub async fn admit<'s>(
+    state: &'s AppState,
     endpoint: Endpoint,
-    req: Upstream<'_>,
-    who: Option<crate::auth::Principal>,
-    rid: &HeaderValue,
-    started: Instant,
-) -> Result<Reply, GatewayError> {
-    let bytes = req.body;
+    headers: &OutHeaders<'_>,
+    bytes: Bytes,
+    who: Option<&crate::auth::Principal>,
+) -> Result<Admitted<'s>, GatewayError> {
     // An isolated tenant's requests are hashed and cached under a salt of its own.
-    let isolated = who.as_ref().and_then(|p| {
+    let isolated = who.and_then(|p| {
         (p.cache.unwrap_or(state.config.auth.cache) == crate::config::CacheSharing::Isolated)
             .then(|| p.tenant.clone())
     });
@@ -361,7 +388,7 @@ async fn forward(
         None => bytes,
     };
     let pool = &state.fleet.pools()[ready.pool];
-    if let Some(p) = &who {
+    if let Some(p) = who {
         if !p.allows(&pool.model) {
             return Err(if state.config.auth.hide_disallowed_models {
                 GatewayError::UnknownModel(pool.model.clone())
@@ -373,28 +400,100 @@ async fn forward(
     let (prep, stream, body_priority) = (ready.prep, ready.stream, ready.priority);
     // Within budget now, or refused before anything is queued or routed. The prompt's charge
     // is given back if this returns (or is dropped) while no engine holds the request.
-    let (rate, mut charge) = state.rate_limits.admit(
-        &tenant_label(state, who.as_ref().map(|p| &p.tenant)),
+    let (rate, charge) = state.rate_limits.admit(
+        &tenant_label(state, who.map(|p| &p.tenant)),
         u64::from(prep.prompt_tokens),
     )?;
     let adm = &state.admission;
-    let mut gate = if adm.enabled() {
+    let gate = if adm.enabled() {
         let output = state.routing.expected_output(pool.index, prep.max_tokens);
         adm.gate(
             pool.index,
-            headers::find(&req.headers, PRIORITY_HEADER),
+            headers::find(headers, PRIORITY_HEADER),
             body_priority,
             // With keys, the key names the tenant; the client cannot choose one.
-            match &who {
+            match who {
                 Some(p) => Some(p.tenant.as_bytes()),
-                None => headers::find(&req.headers, adm.tenant_header().as_str()),
+                None => headers::find(headers, adm.tenant_header().as_str()),
             },
             u64::from(prep.prompt_tokens) + u64::from(output),
         )
-        .with_ceiling(who.as_ref().and_then(|p| p.max_priority))
+        .with_ceiling(who.and_then(|p| p.max_priority))
     } else {
         Gate::off()
     };
+    Ok(Admitted {
+        pool,
+        prep,
+        stream,
+        body: bytes,
+        gate,
+        rate,
+        charge,
+    })
+}
+
+/// The second half of "admit + decide", shared by both doors: waits at the admission gate,
+/// decides among the pool's usable instances not in `exclude`, and keeps the decision only if
+/// the gate lets it through (a saturated pool's decision is taken back and made again once
+/// admitted). `last_tried`: the instance a previous attempt failed on, named in the error when
+/// no instance is left.
+pub async fn decide(
+    state: &AppState,
+    adm: &mut Admitted<'_>,
+    exclude: &[InstanceId],
+    last_tried: Option<&Arc<crate::fleet::Instance>>,
+    rid: &HeaderValue,
+) -> Result<crate::routing::Routed, GatewayError> {
+    loop {
+        adm.gate.enter().await?;
+        let full_at = adm.gate.capacity();
+        let routed =
+            match state
+                .routing
+                .decide(&state.fleet, adm.pool, &adm.prep, exclude, rid, full_at)
+            {
+                Ok(r) => r,
+                // Usable instances exist, but every one is full: wait for one to finish.
+                Err(GatewayError::NoHealthyInstance { .. })
+                    if full_at.is_some()
+                        && has_candidate(state, adm.pool, exclude)
+                        && adm.gate.all_full() =>
+                {
+                    continue
+                }
+                // Every usable instance was tried and refused connections: report that, not "none healthy".
+                Err(e @ GatewayError::NoHealthyInstance { .. }) => match last_tried {
+                    Some(last) => {
+                        return Err(GatewayError::UpstreamConnect {
+                            instance: last.name.clone(),
+                        })
+                    }
+                    None => return Err(e),
+                },
+                Err(e) => return Err(e),
+            };
+        if adm.gate.check(&routed) {
+            // Saturated: the decision is dropped (its load and its prediction with it) and made
+            // again once admitted.
+            state.routing.retract(&adm.prep, &routed);
+            continue;
+        }
+        return Ok(routed);
+    }
+}
+
+async fn forward(
+    state: &AppState,
+    endpoint: Endpoint,
+    req: Upstream<'_>,
+    who: Option<crate::auth::Principal>,
+    rid: &HeaderValue,
+    started: Instant,
+) -> Result<Reply, GatewayError> {
+    let mut adm = admit(state, endpoint, &req.headers, req.body, who.as_ref()).await?;
+    let stream = adm.stream;
+    let pool = adm.pool;
 
     let query_path;
     let path_and_query = match req.query {
@@ -410,36 +509,7 @@ async fn forward(
     let mut tried: Vec<InstanceId> = Vec::new();
     let mut last_tried: Option<Arc<crate::fleet::Instance>> = None;
     loop {
-        gate.enter().await?;
-        let full_at = gate.capacity();
-        let routed = match state
-            .routing
-            .decide(&state.fleet, pool, &prep, &tried, rid, full_at)
-        {
-            Ok(r) => r,
-            // Usable instances exist, but every one is full: wait for one to finish.
-            Err(GatewayError::NoHealthyInstance { .. })
-                if full_at.is_some() && has_candidate(state, pool, &tried) && gate.all_full() =>
-            {
-                continue
-            }
-            // Every usable instance was tried and refused connections: report that, not "none healthy".
-            Err(e @ GatewayError::NoHealthyInstance { .. }) => match &last_tried {
-                Some(last) => {
-                    return Err(GatewayError::UpstreamConnect {
-                        instance: last.name.clone(),
-                    })
-                }
-                None => return Err(e),
-            },
-            Err(e) => return Err(e),
-        };
-        if gate.check(&routed) {
-            // Saturated: the decision is dropped (its load and its prediction with it) and made
-            // again once admitted.
-            state.routing.retract(&prep, &routed);
-            continue;
-        }
+        let routed = decide(state, &mut adm, &tried, last_tried.as_ref(), rid).await?;
         let id = routed.chosen;
         state.events.note_dispatch(id);
         let inst = routed.instance.clone();
@@ -452,39 +522,23 @@ async fn forward(
             path_and_query,
             headers: req.headers,
             extra: Some((&state.request_id_header, rid)),
-            body: &bytes,
+            body: &adm.body,
         };
         let sent = Instant::now();
-        charge.at_engine(true);
+        adm.charge.at_engine(true);
         match state.client.send_to(up, first_byte).await {
             Ok(resp) => {
                 inst.header_latency
                     .observe(sent.elapsed().as_secs_f64() * 1e3);
                 let status = resp.status;
-                if status == StatusCode::SERVICE_UNAVAILABLE {
-                    // Busy, not broken: engines answer 503 when their queue is full. Ejecting
-                    // for it would move that load onto the others and overload them in turn.
-                    metrics::record_upstream_error(&inst.name, "status_5xx");
-                } else if is_5xx_failure(status) {
-                    metrics::record_upstream_error(&inst.name, "status_5xx");
-                    let h = &cfg.health;
-                    if inst.health.record_5xx(
-                        state.clock.now_ms(),
-                        h.passive_5xx_threshold,
-                        h.eject_ms,
-                    ) {
-                        note_ejection(inst, h.eject_ms, "consecutive 5xx answers");
-                    }
-                } else {
-                    inst.health.record_success();
-                }
+                note_answer(state, inst, status.as_u16());
                 let retryable = status == StatusCode::BAD_GATEWAY
                     || status == StatusCode::SERVICE_UNAVAILABLE
                     || (cfg.upstream.idempotent_requests && matches!(status.as_u16(), 500 | 504));
                 if retryable {
                     // Refused or failed, not served: the prompt will not be cached there.
-                    state.routing.retract(&prep, &routed);
-                    charge.at_engine(false);
+                    state.routing.retract(&adm.prep, &routed);
+                    adm.charge.at_engine(false);
                     tried.push(id);
                     last_tried = Some(routed.instance.clone());
                     if tried.len() < max_attempts && has_candidate(state, pool, &tried) {
@@ -501,7 +555,7 @@ async fn forward(
                     routed,
                     times,
                     stream,
-                    (gate.hand_over(), rate),
+                    (adm.gate.hand_over(), adm.rate.take()),
                 ));
             }
             Err(e @ (SendError::Connect(_) | SendError::Closed(_)))
@@ -511,8 +565,8 @@ async fn forward(
                 metrics::record_upstream_error(&inst.name, cause);
                 // Connect failure: the instance never saw the request. Closed: it went away with
                 // it; with idempotent requests that is as good as never having sent it.
-                state.routing.retract(&prep, &routed);
-                charge.at_engine(false);
+                state.routing.retract(&adm.prep, &routed);
+                adm.charge.at_engine(false);
                 let h = &cfg.health;
                 if inst.health.record_connect_failure(
                     state.clock.now_ms(),
@@ -555,10 +609,31 @@ async fn forward(
     }
 }
 
-/// A 5xx answer that says the instance failed the request (counted toward outlier ejection).
 /// An answer that counts toward outlier ejection: the instance failed the request.
-fn is_5xx_failure(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 500 | 502 | 504)
+fn is_5xx_failure(status: u16) -> bool {
+    matches!(status, 500 | 502 | 504)
+}
+
+/// Passive health from an instance's answer `status`, the same for both doors: 500/502/504
+/// count toward outlier ejection, 503 (a full queue: busy, not broken) is only counted, any
+/// other answer is a success.
+pub fn note_answer(state: &AppState, inst: &crate::fleet::Instance, status: u16) {
+    if status == 503 {
+        // Busy, not broken: engines answer 503 when their queue is full. Ejecting for it would
+        // move that load onto the others and overload them in turn.
+        metrics::record_upstream_error(&inst.name, "status_5xx");
+    } else if is_5xx_failure(status) {
+        metrics::record_upstream_error(&inst.name, "status_5xx");
+        let h = &state.config.health;
+        if inst
+            .health
+            .record_5xx(state.clock.now_ms(), h.passive_5xx_threshold, h.eject_ms)
+        {
+            note_ejection(inst, h.eject_ms, "consecutive 5xx answers");
+        }
+    } else {
+        inst.health.record_success();
+    }
 }
 
 fn note_ejection(inst: &crate::fleet::Instance, eject_ms: u64, why: &str) {

@@ -1,0 +1,924 @@
+//! The endpoint picker (ext_proc) against the real gateway state and in-process mock engines: a
+//! tonic client of the generated ExternalProcessor service plays the gateway's side message by
+//! message (request headers, body chunks, trailers, response headers, response body chunks),
+//! the way Envoy does in FULL_DUPLEX_STREAMED mode.
+
+mod common;
+
+use common::{client, config_for, eventually, Gateway, Mock, Mode};
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    body_mutation::Mutation, external_processor_client::ExternalProcessorClient,
+    processing_request::Request as Req, processing_response::Response as Resp, HttpBody,
+    HttpHeaders, HttpTrailers, ProcessingRequest, ProcessingResponse,
+};
+use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
+use kvgate::config::{Config, FailureMode};
+use kvgate::picker::protocol;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+
+/// A running picker over a gateway's state.
+struct PickerServer {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    join: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl PickerServer {
+    async fn start(state: &kvgate::app::AppState) -> PickerServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = oneshot::channel::<()>();
+        let join = tokio::spawn(kvgate::picker::serve(listener, state.clone(), async move {
+            let _ = rx.await;
+        }));
+        PickerServer {
+            addr,
+            stop: Some(tx),
+            join,
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.join).await;
+    }
+}
+
+/// The gateway's side of one ext_proc stream.
+struct Stream {
+    tx: Option<mpsc::Sender<ProcessingRequest>>,
+    rx: tonic::Streaming<ProcessingResponse>,
+}
+
+impl Stream {
+    async fn open(addr: SocketAddr) -> Stream {
+        let mut c = ExternalProcessorClient::connect(format!("http://{addr}"))
+            .await
+            .expect("connect to the picker");
+        let (tx, rx) = mpsc::channel(64);
+        let resp = c
+            .process(ReceiverStream::new(rx))
+            .await
+            .expect("stream opened");
+        Stream {
+            tx: Some(tx),
+            rx: resp.into_inner(),
+        }
+    }
+
+    async fn send(&self, m: ProcessingRequest) {
+        self.tx
+            .as_ref()
+            .expect("open")
+            .send(m)
+            .await
+            .expect("picker reads");
+    }
+
+    /// The next message, within 10 s.
+    async fn recv(&mut self) -> Result<Option<ProcessingResponse>, tonic::Status> {
+        tokio::time::timeout(Duration::from_secs(10), self.rx.message())
+            .await
+            .expect("picker answers in time")
+    }
+
+    async fn expect(&mut self) -> ProcessingResponse {
+        self.recv().await.expect("no error").expect("a message")
+    }
+
+    /// Sends a whole request: headers, the body in `chunks` pieces, the end.
+    async fn request(&self, path: &str, body: &[u8], chunks: usize, md: Option<Metadata>) {
+        self.send(req_headers(path, &[], false, md)).await;
+        let size = body.len().div_ceil(chunks.max(1)).max(1);
+        let parts: Vec<&[u8]> = body.chunks(size).collect();
+        for (i, p) in parts.iter().enumerate() {
+            self.send(req_body(p, i + 1 == parts.len())).await;
+        }
+    }
+
+    /// Reads the picker's answer to a request: the destination, and the body passed back.
+    async fn decision(&mut self) -> Decision {
+        let m = self.expect().await;
+        let Some(Resp::RequestHeaders(h)) = &m.response else {
+            panic!("expected a request headers answer, got {m:?}");
+        };
+        let common = h.response.as_ref().expect("common response");
+        assert!(common.clear_route_cache, "route cache cleared");
+        let set = &common
+            .header_mutation
+            .as_ref()
+            .expect("mutation")
+            .set_headers;
+        let header = set
+            .iter()
+            .filter_map(|o| o.header.as_ref())
+            .find(|h| h.key == "x-gateway-destination-endpoint")
+            .map(|h| String::from_utf8(h.raw_value.clone()).unwrap())
+            .expect("destination header");
+        let md = m.dynamic_metadata.as_ref().expect("dynamic metadata");
+        let ns = match &md.fields["envoy.lb"].kind {
+            Some(Kind::StructValue(s)) => s,
+            other => panic!("envoy.lb is not a struct: {other:?}"),
+        };
+        let metadata = match &ns.fields["x-gateway-destination-endpoint"].kind {
+            Some(Kind::StringValue(s)) => s.clone(),
+            other => panic!("not a string: {other:?}"),
+        };
+        assert_eq!(
+            header, metadata,
+            "header and metadata name the same endpoints"
+        );
+        let mut body = Vec::new();
+        loop {
+            let m = self.expect().await;
+            let Some(Resp::RequestBody(b)) = &m.response else {
+                panic!("expected the body passed back, got {m:?}");
+            };
+            let Some(Mutation::StreamedResponse(s)) = b
+                .response
+                .as_ref()
+                .and_then(|c| c.body_mutation.as_ref())
+                .and_then(|m| m.mutation.as_ref())
+            else {
+                panic!("not a streamed body response");
+            };
+            body.extend_from_slice(&s.body);
+            if s.end_of_stream {
+                break;
+            }
+        }
+        let endpoints: Vec<String> = header.split(',').map(str::to_string).collect();
+        Decision { endpoints, body }
+    }
+
+    /// Plays the response: headers, then `chunks`, the last ending the stream; each must be
+    /// passed back unchanged.
+    async fn respond(&mut self, content_type: &str, served: Option<&str>, chunks: &[&[u8]]) {
+        self.send(resp_headers(200, content_type, served)).await;
+        let m = self.expect().await;
+        assert!(
+            matches!(m.response, Some(Resp::ResponseHeaders(_))),
+            "{m:?}"
+        );
+        for (i, c) in chunks.iter().enumerate() {
+            self.send(resp_body(c, i + 1 == chunks.len())).await;
+            let m = self.expect().await;
+            let Some(Resp::ResponseBody(b)) = &m.response else {
+                panic!("expected a response body answer, got {m:?}");
+            };
+            let Some(Mutation::StreamedResponse(s)) = b
+                .response
+                .as_ref()
+                .and_then(|c| c.body_mutation.as_ref())
+                .and_then(|m| m.mutation.as_ref())
+            else {
+                panic!("not streamed");
+            };
+            assert_eq!(&s.body[..], *c, "response chunk passed back unchanged");
+        }
+    }
+
+    /// Ends the stream from the gateway's side (what Envoy does when the client goes away).
+    fn cancel(&mut self) {
+        self.tx.take();
+    }
+}
+
+struct Decision {
+    /// Chosen first, then the fallbacks.
+    endpoints: Vec<String>,
+    /// The body passed back.
+    body: Vec<u8>,
+}
+
+fn hv(k: &str, v: &str) -> HeaderValue {
+    HeaderValue {
+        key: k.to_string(),
+        value: String::new(),
+        raw_value: v.as_bytes().to_vec(),
+    }
+}
+
+fn req_headers(
+    path: &str,
+    extra: &[(&str, &str)],
+    eos: bool,
+    md: Option<Metadata>,
+) -> ProcessingRequest {
+    let mut headers = vec![
+        hv(":method", "POST"),
+        hv(":path", path),
+        hv(":authority", "gateway.example"),
+        hv("content-type", "application/json"),
+    ];
+    headers.extend(extra.iter().map(|(k, v)| hv(k, v)));
+    ProcessingRequest {
+        metadata_context: md,
+        request: Some(Req::RequestHeaders(HttpHeaders {
+            headers: Some(HeaderMap { headers }),
+            end_of_stream: eos,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+fn req_body(b: &[u8], eos: bool) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(Req::RequestBody(HttpBody {
+            body: b.to_vec(),
+            end_of_stream: eos,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+fn served_md(served: &str) -> Metadata {
+    let mut md = Metadata::default();
+    md.filter_metadata.insert(
+        "envoy.lb".to_string(),
+        Struct {
+            fields: [(
+                "x-gateway-destination-endpoint-served".to_string(),
+                Value {
+                    kind: Some(Kind::StringValue(served.to_string())),
+                },
+            )]
+            .into(),
+        },
+    );
+    md
+}
+
+fn resp_headers(status: u16, content_type: &str, served: Option<&str>) -> ProcessingRequest {
+    ProcessingRequest {
+        metadata_context: served.map(served_md),
+        request: Some(Req::ResponseHeaders(HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: vec![
+                    hv(":status", &status.to_string()),
+                    hv("content-type", content_type),
+                ],
+            }),
+            end_of_stream: false,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+fn resp_body(b: &[u8], eos: bool) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(Req::ResponseBody(HttpBody {
+            body: b.to_vec(),
+            end_of_stream: eos,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+/// A chat request whose prompt is `words` distinct words of `seed` (several blocks long).
+fn chat(seed: &str, words: usize, stream: bool) -> String {
+    let text: Vec<String> = (0..words).map(|i| format!("{seed}{i}")).collect();
+    serde_json::json!({
+        "model": "m",
+        "stream": stream,
+        "messages": [{"role": "user", "content": text.join(" ")}],
+    })
+    .to_string()
+}
+
+/// Three healthy mocks behind a gateway, and a picker over the same state.
+async fn setup(tune: impl FnOnce(&mut Config)) -> (Vec<Mock>, Gateway, PickerServer) {
+    let mocks = vec![
+        Mock::start("a").await,
+        Mock::start("b").await,
+        Mock::start("c").await,
+    ];
+    let urls: Vec<String> = mocks.iter().map(|m| m.url()).collect();
+    let mut cfg = config_for(&urls);
+    cfg.picker.enabled = true;
+    tune(&mut cfg);
+    let gw = Gateway::start(cfg).await;
+    let state = gw.state.clone();
+    assert!(
+        eventually(10, || {
+            let now = state.clock.now_ms();
+            state.fleet.view().serving().count() == 3
+                && state.fleet.view().serving().all(|i| i.health.usable(now))
+        })
+        .await,
+        "instances healthy"
+    );
+    let picker = PickerServer::start(&gw.state).await;
+    (mocks, gw, picker)
+}
+
+fn authority(m: &Mock) -> String {
+    m.addr.to_string()
+}
+
+fn in_flight(gw: &Gateway, endpoint: &str) -> u32 {
+    let view = gw.state.fleet.view();
+    let inst = view
+        .serving()
+        .find(|i| i.authority == endpoint)
+        .expect("instance of the endpoint");
+    gw.state.routing.load().snapshot(inst.id).in_flight
+}
+
+fn decoding(gw: &Gateway, endpoint: &str) -> u32 {
+    let view = gw.state.fleet.view();
+    let inst = view
+        .serving()
+        .find(|i| i.authority == endpoint)
+        .expect("instance of the endpoint");
+    gw.state.routing.load().snapshot(inst.id).decoding
+}
+
+#[tokio::test]
+async fn non_streaming_request_names_endpoint_fallbacks_and_passes_the_body_back() {
+    let (mocks, gw, picker) = setup(|_| {}).await;
+    let body = chat("alpha", 400, false);
+    let mut s = Stream::open(picker.addr).await;
+    s.request("/v1/chat/completions", body.as_bytes(), 3, None)
+        .await;
+    let d = s.decision().await;
+    assert_eq!(d.body, body.as_bytes(), "body passed back unchanged");
+    assert_eq!(
+        d.endpoints.len(),
+        3,
+        "chosen + 2 fallbacks: {:?}",
+        d.endpoints
+    );
+    let all: Vec<String> = mocks.iter().map(authority).collect();
+    for e in &d.endpoints {
+        assert!(all.contains(e), "{e} is one of the pool's endpoints");
+    }
+    let mut sorted = d.endpoints.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 3, "no endpoint twice");
+    // The decision holds the chosen instance's load until the response ends.
+    assert_eq!(in_flight(&gw, &d.endpoints[0]), 1);
+    // It is a decision like the proxy's: in the decision log.
+    let decisions = gw.get_text("/admin/decisions").await;
+    assert!(decisions.contains("\"chosen\""), "{decisions}");
+    s.respond(
+        "application/json",
+        Some(&d.endpoints[0]),
+        &[
+            br#"{"id":"x","choices":[{"message":{"content":"hi"}}],"#,
+            br#""usage":{"completion_tokens":1}}"#,
+        ],
+    )
+    .await;
+    let gw_ref = &gw;
+    let chosen = d.endpoints[0].clone();
+    assert!(
+        eventually(5, || in_flight(gw_ref, &chosen) == 0).await,
+        "load released at the end of the response"
+    );
+    // The gateway closes its side; the stream ends without an error.
+    s.cancel();
+    assert!(s.recv().await.expect("clean end").is_none());
+}
+
+#[tokio::test]
+async fn streaming_request_observes_first_token_and_end() {
+    let (_mocks, gw, picker) = setup(|_| {}).await;
+    let body = chat("beta", 300, true);
+    let mut s = Stream::open(picker.addr).await;
+    s.request("/v1/chat/completions", body.as_bytes(), 2, None)
+        .await;
+    let d = s.decision().await;
+    let chosen = d.endpoints[0].clone();
+    s.send(resp_headers(200, "text/event-stream", Some(&chosen)))
+        .await;
+    assert!(matches!(
+        s.expect().await.response,
+        Some(Resp::ResponseHeaders(_))
+    ));
+    assert_eq!(decoding(&gw, &chosen), 0, "no token yet");
+    s.send(resp_body(
+        b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+        false,
+    ))
+    .await;
+    s.expect().await;
+    assert_eq!(decoding(&gw, &chosen), 1, "first token seen: decoding");
+    assert_eq!(in_flight(&gw, &chosen), 1);
+    s.send(resp_body(
+        b"data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n",
+        false,
+    ))
+    .await;
+    s.expect().await;
+    s.send(resp_body(b"data: [DONE]\n\n", true)).await;
+    s.expect().await;
+    let view = gw.state.fleet.view();
+    let inst = view.serving().find(|i| i.authority == chosen).unwrap();
+    assert!(inst.ttft.get().is_some(), "time to first token observed");
+    assert_eq!(in_flight(&gw, &chosen), 0, "load released at the end");
+}
+
+#[tokio::test]
+async fn cancelled_stream_releases_the_load() {
+    let (_mocks, gw, picker) = setup(|_| {}).await;
+    let body = chat("gamma", 300, true);
+    let mut s = Stream::open(picker.addr).await;
+    s.request("/v1/chat/completions", body.as_bytes(), 1, None)
+        .await;
+    let d = s.decision().await;
+    let chosen = d.endpoints[0].clone();
+    s.send(resp_headers(200, "text/event-stream", None)).await;
+    s.expect().await;
+    s.send(resp_body(b"data: {}\n\n", false)).await;
+    s.expect().await;
+    assert_eq!(in_flight(&gw, &chosen), 1);
+    // The client went away: Envoy ends the ext_proc stream mid-response.
+    s.cancel();
+    drop(s);
+    let g = &gw;
+    assert!(
+        eventually(5, || in_flight(g, &chosen) == 0).await,
+        "load released when the stream ends mid-response"
+    );
+
+    // Cancelled before the decision's response began: released too.
+    let mut s = Stream::open(picker.addr).await;
+    s.request(
+        "/v1/chat/completions",
+        chat("delta", 300, true).as_bytes(),
+        1,
+        None,
+    )
+    .await;
+    let d = s.decision().await;
+    let chosen = d.endpoints[0].clone();
+    assert_eq!(in_flight(&gw, &chosen), 1);
+    s.cancel();
+    drop(s);
+    assert!(eventually(5, || in_flight(g, &chosen) == 0).await);
+}
+
+#[tokio::test]
+async fn one_core_two_doors_make_the_same_decisions() {
+    let (mocks, gw, picker) = setup(|_| {}).await;
+    for m in &mocks {
+        m.set_mode(Mode::Json);
+    }
+    let name_of = |endpoint: &str| -> String {
+        let view = gw.state.fleet.view();
+        let name = view
+            .serving()
+            .find(|i| i.authority == endpoint)
+            .map(|i| i.name.clone())
+            .expect("instance");
+        name
+    };
+    // Proxy first: the prompt is placed where the proxy sent it; the picker follows the index.
+    let p = chat("proxyfirst", 600, false);
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(p.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let by_proxy = r.headers()["x-kvgate-instance"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let mut s = Stream::open(picker.addr).await;
+    s.request("/v1/chat/completions", p.as_bytes(), 2, None)
+        .await;
+    let d = s.decision().await;
+    assert_eq!(
+        name_of(&d.endpoints[0]),
+        by_proxy,
+        "picker follows the proxy's placement"
+    );
+    s.respond("application/json", None, &[b"{}"]).await;
+
+    // Picker first: the proxy follows the picker's placement.
+    let q = chat("pickerfirst", 600, false);
+    let mut s = Stream::open(picker.addr).await;
+    s.request("/v1/chat/completions", q.as_bytes(), 4, None)
+        .await;
+    let d = s.decision().await;
+    let by_picker = name_of(&d.endpoints[0]);
+    s.respond("application/json", None, &[b"{}"]).await;
+    let g = &gw;
+    let e = d.endpoints[0].clone();
+    assert!(eventually(5, || in_flight(g, &e) == 0).await);
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(q.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["x-kvgate-instance"].to_str().unwrap(),
+        by_picker,
+        "proxy follows the picker's placement"
+    );
+}
+
+#[tokio::test]
+async fn a_served_fallback_takes_the_load() {
+    let (_mocks, gw, picker) = setup(|_| {}).await;
+    let mut s = Stream::open(picker.addr).await;
+    s.request(
+        "/v1/chat/completions",
+        chat("eps", 300, true).as_bytes(),
+        1,
+        None,
+    )
+    .await;
+    let d = s.decision().await;
+    let (chosen, fallback) = (d.endpoints[0].clone(), d.endpoints[1].clone());
+    assert_eq!(in_flight(&gw, &chosen), 1);
+    s.send(resp_headers(200, "text/event-stream", Some(&fallback)))
+        .await;
+    s.expect().await;
+    assert_eq!(in_flight(&gw, &chosen), 0, "moved off the chosen instance");
+    assert_eq!(
+        in_flight(&gw, &fallback),
+        1,
+        "onto the fallback that served"
+    );
+    s.send(resp_body(b"data: [DONE]\n\n", true)).await;
+    s.expect().await;
+    assert_eq!(in_flight(&gw, &fallback), 0);
+}
+
+#[tokio::test]
+async fn subset_hint_restricts_the_choice() {
+    let (mocks, _gw, picker) = setup(|_| {}).await;
+    let only = authority(&mocks[1]);
+    let mut md = Metadata::default();
+    md.filter_metadata.insert(
+        "envoy.lb.subset_hint".into(),
+        Struct {
+            fields: [(
+                "x-gateway-destination-endpoint-subset".to_string(),
+                Value {
+                    kind: Some(Kind::ListValue(ListValue {
+                        values: vec![Value {
+                            kind: Some(Kind::StringValue(only.clone())),
+                        }],
+                    })),
+                },
+            )]
+            .into(),
+        },
+    );
+    for seed in ["s1", "s2", "s3"] {
+        let mut s = Stream::open(picker.addr).await;
+        s.request(
+            "/v1/chat/completions",
+            chat(seed, 100, false).as_bytes(),
+            1,
+            Some(md.clone()),
+        )
+        .await;
+        let d = s.decision().await;
+        assert_eq!(d.endpoints, vec![only.clone()], "only the subset");
+    }
+}
+
+#[tokio::test]
+async fn picker_restart_keeps_the_gateway_state() {
+    let (_mocks, gw, picker) = setup(|_| {}).await;
+    let p = chat("restart", 600, false);
+    let mut s = Stream::open(picker.addr).await;
+    s.request("/v1/chat/completions", p.as_bytes(), 1, None)
+        .await;
+    let first = s.decision().await.endpoints[0].clone();
+    s.respond("application/json", None, &[b"{}"]).await;
+    s.cancel();
+    drop(s);
+    let old = picker.addr;
+    picker.stop().await;
+    // A stopped picker refuses connections (the gateway's failure mode applies then).
+    assert!(tokio::net::TcpStream::connect(old).await.is_err());
+    let picker = PickerServer::start(&gw.state).await;
+    let mut s = Stream::open(picker.addr).await;
+    s.request("/v1/chat/completions", p.as_bytes(), 1, None)
+        .await;
+    let again = s.decision().await.endpoints[0].clone();
+    assert_eq!(
+        first, again,
+        "the restarted picker routes on the same index"
+    );
+    s.respond("application/json", None, &[b"{}"]).await;
+}
+
+#[tokio::test]
+async fn no_usable_instance_fails_closed_with_503() {
+    let (mocks, gw, picker) = setup(|_| {}).await;
+    for m in &mocks {
+        m.set_healthy(false);
+    }
+    let state = gw.state.clone();
+    assert!(
+        eventually(10, || {
+            let now = state.clock.now_ms();
+            state.fleet.view().serving().all(|i| !i.health.usable(now))
+        })
+        .await
+    );
+    let mut s = Stream::open(picker.addr).await;
+    s.request(
+        "/v1/chat/completions",
+        chat("x", 10, false).as_bytes(),
+        1,
+        None,
+    )
+    .await;
+    let m = s.expect().await;
+    let Some(Resp::ImmediateResponse(i)) = &m.response else {
+        panic!("expected an immediate response, got {m:?}");
+    };
+    assert_eq!(i.status.as_ref().unwrap().code, 503);
+    let body: serde_json::Value = serde_json::from_slice(&i.body).unwrap();
+    assert_eq!(body["error"]["code"], "no_healthy_instance");
+}
+
+#[tokio::test]
+async fn no_usable_instance_fails_open_with_unavailable() {
+    let (mocks, gw, picker) = setup(|c| c.picker.failure_mode = FailureMode::FailOpen).await;
+    for m in &mocks {
+        m.set_healthy(false);
+    }
+    let state = gw.state.clone();
+    assert!(
+        eventually(10, || {
+            let now = state.clock.now_ms();
+            state.fleet.view().serving().all(|i| !i.health.usable(now))
+        })
+        .await
+    );
+    let mut s = Stream::open(picker.addr).await;
+    s.request(
+        "/v1/chat/completions",
+        chat("x", 10, false).as_bytes(),
+        1,
+        None,
+    )
+    .await;
+    let err = s
+        .recv()
+        .await
+        .expect_err("the stream fails for the gateway to fail open");
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+}
+
+#[tokio::test]
+async fn over_the_stream_cap_follows_the_failure_mode() {
+    let (_mocks, _gw, picker) = setup(|c| {
+        c.picker.max_streams = 1;
+        c.picker.failure_mode = FailureMode::FailOpen;
+    })
+    .await;
+    // One stream holds the only place.
+    let held = Stream::open(picker.addr).await;
+    held.send(req_headers("/v1/chat/completions", &[], false, None))
+        .await;
+    let mut s = Stream::open(picker.addr).await;
+    s.send(req_headers("/v1/chat/completions", &[], false, None))
+        .await;
+    let err = s.recv().await.expect_err("over the cap");
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    drop(held);
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_refused_with_413() {
+    let (_mocks, _gw, picker) = setup(|c| c.server.body_limit_bytes = 1024).await;
+    let mut s = Stream::open(picker.addr).await;
+    s.request(
+        "/v1/chat/completions",
+        chat("big", 500, false).as_bytes(),
+        4,
+        None,
+    )
+    .await;
+    let m = s.expect().await;
+    let Some(Resp::ImmediateResponse(i)) = &m.response else {
+        panic!("expected an immediate response, got {m:?}");
+    };
+    assert_eq!(i.status.as_ref().unwrap().code, 413);
+}
+
+#[tokio::test]
+async fn a_bad_request_is_answered_by_the_gateway() {
+    let (_mocks, _gw, picker) = setup(|_| {}).await;
+    let mut s = Stream::open(picker.addr).await;
+    s.request("/v1/chat/completions", b"{not json", 1, None)
+        .await;
+    let m = s.expect().await;
+    let Some(Resp::ImmediateResponse(i)) = &m.response else {
+        panic!("expected an immediate response, got {m:?}");
+    };
+    assert_eq!(i.status.as_ref().unwrap().code, 400);
+}
+
+#[tokio::test]
+async fn trailers_end_the_request_and_are_answered() {
+    let (_mocks, _gw, picker) = setup(|_| {}).await;
+    let body = chat("trail", 50, false);
+    let mut s = Stream::open(picker.addr).await;
+    s.send(req_headers("/v1/chat/completions", &[], false, None))
+        .await;
+    s.send(req_body(body.as_bytes(), false)).await;
+    s.send(ProcessingRequest {
+        request: Some(Req::RequestTrailers(HttpTrailers::default())),
+        ..Default::default()
+    })
+    .await;
+    let m = s.expect().await;
+    assert!(matches!(m.response, Some(Resp::RequestHeaders(_))));
+    let m = s.expect().await;
+    let Some(Resp::RequestBody(b)) = &m.response else {
+        panic!("{m:?}")
+    };
+    let Some(Mutation::StreamedResponse(sb)) = b
+        .response
+        .as_ref()
+        .and_then(|c| c.body_mutation.as_ref())
+        .and_then(|m| m.mutation.as_ref())
+    else {
+        panic!("streamed");
+    };
+    assert_eq!(sb.body, body.as_bytes());
+    assert!(!sb.end_of_stream, "trailers follow the body");
+    let m = s.expect().await;
+    assert!(matches!(m.response, Some(Resp::RequestTrailers(_))));
+}
+
+#[tokio::test]
+async fn a_request_without_body_goes_to_a_usable_instance() {
+    let (mocks, _gw, picker) = setup(|_| {}).await;
+    let mut s = Stream::open(picker.addr).await;
+    s.send(req_headers("/v1/models", &[], true, None)).await;
+    let m = s.expect().await;
+    let Some(Resp::RequestHeaders(h)) = &m.response else {
+        panic!("{m:?}")
+    };
+    let set = &h
+        .response
+        .as_ref()
+        .unwrap()
+        .header_mutation
+        .as_ref()
+        .unwrap()
+        .set_headers;
+    let dest = set
+        .iter()
+        .filter_map(|o| o.header.as_ref())
+        .find(|h| h.key == "x-gateway-destination-endpoint")
+        .map(|h| String::from_utf8(h.raw_value.clone()).unwrap())
+        .unwrap();
+    let all: Vec<String> = mocks.iter().map(authority).collect();
+    assert!(all.contains(&dest));
+}
+
+/// Golden: the protocol names, pinned to GIE v1.6.0's Endpoint Picker Protocol (v1.0.0), as
+/// its docs/proposals/004-endpoint-picker-protocol and pkg/lwepp/metadata/consts.go spell them.
+#[test]
+fn golden_protocol_names_match_gie_v1_6_0() {
+    assert_eq!(protocol::GIE_VERSION, "v1.6.0");
+    assert_eq!(protocol::PROTOCOL_VERSION, "v1.0.0");
+    assert_eq!(
+        protocol::EXT_PROC_SERVICE,
+        "envoy.service.ext_proc.v3.ExternalProcessor"
+    );
+    assert_eq!(
+        protocol::DESTINATION_ENDPOINT_HEADER,
+        "x-gateway-destination-endpoint"
+    );
+    assert_eq!(protocol::DESTINATION_ENDPOINT_NAMESPACE, "envoy.lb");
+    assert_eq!(
+        protocol::DESTINATION_ENDPOINT_KEY,
+        "x-gateway-destination-endpoint"
+    );
+    assert_eq!(
+        protocol::DESTINATION_ENDPOINT_SERVED_KEY,
+        "x-gateway-destination-endpoint-served"
+    );
+    assert_eq!(protocol::SUBSET_HINT_NAMESPACE, "envoy.lb.subset_hint");
+    assert_eq!(
+        protocol::SUBSET_HINT_KEY,
+        "x-gateway-destination-endpoint-subset"
+    );
+    assert_eq!(protocol::HEALTH_LIVENESS, "liveness");
+    assert_eq!(protocol::HEALTH_READINESS, "readiness");
+    assert_eq!(protocol::MAX_BODY_CHUNK, 62_000);
+    // The message shape: header and metadata carry the same comma-separated list.
+    let m = protocol::destination_response("10.0.0.1:8000,10.0.0.2:8000", Some(7), &[]);
+    let Some(Resp::RequestHeaders(h)) = &m.response else {
+        panic!("a request headers response")
+    };
+    let c = h.response.as_ref().unwrap();
+    assert!(c.clear_route_cache);
+    let set = &c.header_mutation.as_ref().unwrap().set_headers;
+    let keys: Vec<&str> = set
+        .iter()
+        .map(|o| o.header.as_ref().unwrap().key.as_str())
+        .collect();
+    assert_eq!(
+        keys,
+        vec!["x-gateway-destination-endpoint", "content-length"]
+    );
+    assert_eq!(
+        set[0].header.as_ref().unwrap().raw_value,
+        b"10.0.0.1:8000,10.0.0.2:8000"
+    );
+    // OVERWRITE_IF_EXISTS_OR_ADD: a client cannot choose its own endpoint.
+    assert_eq!(set[0].append_action, 2);
+    let md = m.dynamic_metadata.as_ref().unwrap();
+    let Some(Kind::StructValue(ns)) = &md.fields["envoy.lb"].kind else {
+        panic!("namespace struct")
+    };
+    assert_eq!(
+        ns.fields["x-gateway-destination-endpoint"].kind,
+        Some(Kind::StringValue("10.0.0.1:8000,10.0.0.2:8000".into()))
+    );
+}
+
+#[tokio::test]
+async fn grpc_health_reports_serving() {
+    let (_mocks, _gw, picker) = setup(|_| {}).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", picker.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut h = tonic_health::pb::health_client::HealthClient::new(channel);
+    for svc in [
+        "liveness",
+        "readiness",
+        "envoy.service.ext_proc.v3.ExternalProcessor",
+    ] {
+        let ok = common::eventually_async(5, || {
+            let mut h = h.clone();
+            async move {
+                h.check(tonic_health::pb::HealthCheckRequest {
+                    service: svc.to_string(),
+                })
+                .await
+                .map(|r| r.into_inner().status == 1)
+                .unwrap_or(false)
+            }
+        })
+        .await;
+        assert!(ok, "{svc} serving");
+    }
+    let _ = &mut h;
+}
+
+#[tokio::test]
+async fn fields_the_proxy_would_not_forward_are_removed() {
+    let (_mocks, _gw, picker) = setup(|_| {}).await;
+    let body = chat("strip", 50, false);
+    let mut s = Stream::open(picker.addr).await;
+    s.send(req_headers(
+        "/v1/chat/completions",
+        &[
+            ("x-kvgate-instance", "spoofed"),
+            ("x-kvgate-priority", "critical"),
+        ],
+        false,
+        None,
+    ))
+    .await;
+    s.send(req_body(body.as_bytes(), true)).await;
+    let m = s.expect().await;
+    let Some(Resp::RequestHeaders(h)) = &m.response else {
+        panic!("{m:?}")
+    };
+    let mutation = h
+        .response
+        .as_ref()
+        .unwrap()
+        .header_mutation
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        mutation.remove_headers,
+        vec!["x-kvgate-instance".to_string()]
+    );
+}
