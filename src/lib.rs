@@ -23,7 +23,7 @@
 //!   HTTP/1.1 loop ([`proxy::h1`]), any other request through hyper, with the proxied routes
 //!   going straight to the same handler and everything else through the axum router
 //!   ([`proxy::service`]); [`proxy::limits`] holds both paths to the same timeouts,
-//!   connection cap and in-flight body budget; token-mode parsing and tokenizing of large bodies
+//!   connection cap (evicting the longest-idle connection at the cap) and in-flight body budget; token-mode parsing and tokenizing of large bodies
 //!   run on a bounded set of blocking threads ([`proxy::offload`]).
 //! - [`admission`] — admission control: while every usable instance of a pool is saturated
 //!   (predicted time to first token over a bound, or in-flight requests at a capacity), requests

@@ -55,6 +55,8 @@ pub const WRITE_TIMEOUT_MS: &str = "KVGATE_WRITE_TIMEOUT_MS";
 pub const BODY_BUDGET_BYTES: &str = "KVGATE_BODY_BUDGET_BYTES";
 /// `server.limits.body_budget_wait_ms`: how long a body waits for room in the budget.
 pub const BODY_BUDGET_WAIT_MS: &str = "KVGATE_BODY_BUDGET_WAIT_MS";
+/// `server.limits.evict_idle_at_capacity`: at the cap, evict the longest-idle connection.
+pub const EVICT_IDLE_AT_CAPACITY: &str = "KVGATE_EVICT_IDLE_AT_CAPACITY";
 
 /// All variables applied as config overrides, in the order they are applied.
 pub const OVERRIDES: &[&str] = &[
@@ -82,4 +84,5 @@ pub const OVERRIDES: &[&str] = &[
     WRITE_TIMEOUT_MS,
     BODY_BUDGET_BYTES,
     BODY_BUDGET_WAIT_MS,
+    EVICT_IDLE_AT_CAPACITY,
 ];

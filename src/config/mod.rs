@@ -252,6 +252,13 @@ impl Config {
                 *field = parse(var, key, &v)?;
             }
         }
+        if let Some(v) = lookup(env::EVICT_IDLE_AT_CAPACITY) {
+            limits.evict_idle_at_capacity = parse(
+                env::EVICT_IDLE_AT_CAPACITY,
+                "server.limits.evict_idle_at_capacity",
+                &v,
+            )?;
+        }
         if let Some(v) = lookup(kvgate_gossip::ENV_SECRET).filter(|v| !v.is_empty()) {
             self.gossip.secret = v;
         }
@@ -566,6 +573,7 @@ mod tests {
             (env::WRITE_TIMEOUT_MS, "5000"),
             (env::BODY_BUDGET_BYTES, "1048576"),
             (env::BODY_BUDGET_WAIT_MS, "250"),
+            (env::EVICT_IDLE_AT_CAPACITY, "false"),
         ]
         .into();
         let mut c = Config::default();
@@ -588,6 +596,7 @@ mod tests {
             ),
             (500, 1 << 20, 250)
         );
+        assert!(!l.evict_idle_at_capacity);
         assert_eq!(
             (
                 l.header_read_timeout_ms,
