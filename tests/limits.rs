@@ -529,7 +529,10 @@ fn capped(mock: &Mock, max: usize) -> Config {
 async fn at_the_cap_the_longest_idle_connection_is_evicted(path: Path) {
     let mock = Mock::start("a").await;
     let gw = Gateway::start(capped(&mock, 3)).await;
-    let (fresh0, keep0) = (evicted(&gw, "fresh").await, evicted(&gw, "keep_alive").await);
+    let (fresh0, keep0) = (
+        evicted(&gw, "fresh").await,
+        evicted(&gw, "keep_alive").await,
+    );
     let mut fresh = Conn::connect(&gw).await;
     // Its place is held (idle) before the others begin.
     assert!(eventually(5, || gw.state.limits.open_connections() == 1).await);
@@ -571,14 +574,24 @@ async fn at_the_cap_busy_and_mid_head_connections_are_not_evicted(path: Path) {
     for c in &mut held {
         c.send(&request(path, CHAT)).await;
     }
-    assert!(eventually(5, || mock.state.held.load(std::sync::atomic::Ordering::SeqCst) == 2).await);
+    assert!(
+        eventually(5, || mock
+            .state
+            .held
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 2)
+        .await
+    );
     let refused = eventually_async(5, || async {
         let mut c = Conn::connect(&gw).await;
         c.send(&request(path, CHAT)).await;
         matches!(c.answer().await, Some(a) if a.status == 503 && a.code() == "too_many_connections")
     })
     .await;
-    assert!(refused, "{path:?}: a newcomer was admitted over busy connections");
+    assert!(
+        refused,
+        "{path:?}: a newcomer was admitted over busy connections"
+    );
     mock.set_mode(Mode::Json);
     mock.release(2);
     for c in &mut held {
@@ -655,11 +668,17 @@ async fn connect_and_close_churn_at_the_cap_does_not_block_a_client(path: Path) 
     for c in churn {
         connected += c.await.unwrap();
     }
-    assert_eq!(connected, CHURN, "{path:?}: churn connections refused by the kernel");
+    assert_eq!(
+        connected, CHURN,
+        "{path:?}: churn connections refused by the kernel"
+    );
     latencies.sort();
     let (p99, max) = (latencies[REQUESTS * 99 / 100 - 1], latencies[REQUESTS - 1]);
     eprintln!("{path:?}: new-connection requests during churn: p99 {p99:?}, max {max:?}");
-    assert!(max < Duration::from_secs(2), "{path:?}: a request took {max:?}");
+    assert!(
+        max < Duration::from_secs(2),
+        "{path:?}: a request took {max:?}"
+    );
     assert!(eventually(5, || gw.state.limits.open_connections() == 0).await);
 }
 

@@ -9,8 +9,8 @@
 
 use super::child::{Child, Memory};
 use super::clients::{self, Cut, Open};
-use kvgate::proxy::limits::places;
 use crate::common::{eventually_async, Mock, Mode};
+use kvgate::proxy::limits::places;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

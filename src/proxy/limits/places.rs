@@ -106,7 +106,9 @@ impl Places {
     pub fn new(max: usize, evict: bool) -> Arc<Self> {
         let slots = max + if evict { EVICTING } else { 0 };
         Arc::new(Self {
-            chunks: (0..slots.div_ceil(CHUNK)).map(|_| OnceLock::new()).collect(),
+            chunks: (0..slots.div_ceil(CHUNK))
+                .map(|_| OnceLock::new())
+                .collect(),
             free: Mutex::new(Free {
                 stack: Vec::new(),
                 next: 0,
@@ -366,7 +368,10 @@ mod tests {
         let mut new = p.admit(true).expect("an idle connection was evicted");
         assert!(old.is_evicted());
         assert!(!old.busy(), "an evicted connection stays evicted");
-        assert!(!old.busy() && !old.idle(Instant::now(), true), "and never comes back");
+        assert!(
+            !old.busy() && !old.idle(Instant::now(), true),
+            "and never comes back"
+        );
         assert_eq!(p.open(), 4, "the evicted one is still closing");
         drop(old);
         assert_eq!(p.open(), 3);
@@ -379,7 +384,10 @@ mod tests {
         // `_n2` (fresh) is idle: it is the only candidate.
         let mut n3 = p.admit(true).unwrap();
         assert!(n3.busy() && busy.busy() && new.busy());
-        assert!(p.admit(true).is_none(), "busy connections are never evicted");
+        assert!(
+            p.admit(true).is_none(),
+            "busy connections are never evicted"
+        );
         assert!(!busy.is_evicted() && !new.is_evicted());
     }
 
