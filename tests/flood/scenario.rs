@@ -151,8 +151,8 @@ pub const POOLED: u64 = 32 * 1024 + REGISTRATION;
 /// A socket's registration with the runtime and the small per-connection state around it.
 const REGISTRATION: u64 = 512;
 
-/// `before.rss + max_connections × waiting + (max_connections + 256) × 64 B (the cap's places)
-/// + streams × STREAMING + pooled × POOLED + body
+/// `before.rss + max_connections × waiting + (max_connections + 256) × 64 B (the cap's
+/// places) + streams × STREAMING + pooled × POOLED + body
 /// budget`: as many connections as the cap admits may be open at once; upstream connections
 /// parked in the pool are at most the non-streaming requests in flight at once (the idle
 /// connections' first requests, the good client's).

@@ -137,11 +137,9 @@ impl Places {
                 (t < self.max).then(|| t + 1)
             })
             .is_ok();
-        if !free {
-            if !self.evict || !self.evict_one() {
-                return None;
-            }
-            // The evicted connection's place is the newcomer's; it now counts in `evicting`.
+        // At the cap: the evicted connection's place is the newcomer's; it counts in `evicting`.
+        if !free && (!self.evict || !self.evict_one()) {
+            return None;
         }
         match self.pop(state) {
             Some(index) => Some(Place {
