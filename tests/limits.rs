@@ -633,14 +633,14 @@ async fn peer_closed_connections_free_their_places_promptly(path: Path) {
     }
 }
 
-/// At a small cap, 2,000 connect-and-close connections from four loops while a client opens a
+/// At a cap of 64, 2,000 connect-and-close connections from four loops while a client opens a
 /// new connection for each of its requests: every one of its requests is served (the churn's
 /// connections are idle: evicted, or closed by their client), each within a bound.
 async fn connect_and_close_churn_at_the_cap_does_not_block_a_client(path: Path) {
     const CHURN: usize = 2000;
     const REQUESTS: usize = 100;
     let mock = Mock::start("a").await;
-    let gw = Gateway::start(capped(&mock, 8)).await;
+    let gw = Gateway::start(capped(&mock, 64)).await;
     let addr = gw.addr;
     let churn: Vec<_> = (0..4)
         .map(|_| {
