@@ -10,13 +10,24 @@
 # peak. The scenario is the `full_size` test of tests/flood.rs (the same code as the CI-size test);
 # the checks of that test apply and fail the run.
 #
+# With --at-cap it runs the flood at the connection cap instead (`full_size_at_the_cap`): the
+# cap (--cap, 10,000) filled with idle connections, half silent and half kept alive after one
+# request, then --connects connect-and-close connections while legitimate clients open a new
+# connection for each of --requests requests (5,000); it prints the requests served, their p50/p99
+# latency, the idle connections closed and kvgate_connections_evicted_total by reason.
+#
 # Usage: loadtest/flood.sh [--idle 10000] [--tricklers 1000] [--slow 200] [--connects 20000]
 #                          [--idle-ms 20000]
+#        loadtest/flood.sh --at-cap [--cap 10000] [--connects 20000] [--requests 5000]
 # Needs: cargo; a hard descriptor limit above the connections (raised to it here).
 set -euo pipefail
 
+test=full_size
 while [ $# -gt 0 ]; do
     case "$1" in
+        --at-cap) test=full_size_at_the_cap; shift ;;
+        --cap) export KVGATE_FLOOD_CAP="$2"; shift 2 ;;
+        --requests) export KVGATE_FLOOD_REQUESTS="$2"; shift 2 ;;
         --idle) export KVGATE_FLOOD_IDLE="$2"; shift 2 ;;
         --tricklers) export KVGATE_FLOOD_TRICKLERS="$2"; shift 2 ;;
         --slow) export KVGATE_FLOOD_SLOW="$2"; shift 2 ;;
@@ -30,4 +41,4 @@ cd "$(dirname "$0")/.."
 # The test raises its own soft limit too; this covers cargo and the shell's children alike.
 ulimit -n "$(ulimit -Hn)"
 echo "descriptor limit: $(ulimit -n)"
-cargo test --release --test flood -- --ignored --exact full_size --nocapture --test-threads 1
+cargo test --release --test flood -- --ignored --exact "$test" --nocapture --test-threads 1

@@ -23,7 +23,8 @@
 //!   HTTP/1.1 loop ([`proxy::h1`]), any other request through hyper, with the proxied routes
 //!   going straight to the same handler and everything else through the axum router
 //!   ([`proxy::service`]); [`proxy::limits`] holds both paths to the same timeouts,
-//!   connection cap and in-flight body budget; token-mode parsing and tokenizing of large bodies
+//!   connection cap (at the cap the longest-idle connection gives its place to a new one) and
+//!   in-flight body budget; token-mode parsing and tokenizing of large bodies
 //!   run on a bounded set of blocking threads ([`proxy::offload`]). A request's "admit + decide"
 //!   ([`proxy::admit`], [`proxy::decide`]) and its response observation
 //!   ([`proxy::body::Tracker`]) are the steps the endpoint picker shares.

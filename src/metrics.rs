@@ -61,6 +61,9 @@ pub const CONNECTIONS_OPEN: &str = "kvgate_connections_open";
 /// Client connections the gateway closed because a limit was hit, by reason (one of
 /// [`CLOSE_REASONS`]).
 pub const CONNECTIONS_CLOSED: &str = "kvgate_connections_closed_total";
+/// Idle client connections closed at the connection cap to admit a new one, by reason (one of
+/// [`EVICT_REASONS`]).
+pub const CONNECTIONS_EVICTED: &str = "kvgate_connections_evicted_total";
 /// TLS handshakes with clients that failed, by reason (`timeout` or `error`).
 pub const TLS_HANDSHAKE_FAILURES: &str = "kvgate_tls_handshake_failures_total";
 /// Reloads of the listener's certificate and key, by outcome (`ok` or `error`).
@@ -127,6 +130,24 @@ impl CloseReason {
     pub fn label(self) -> &'static str {
         CLOSE_REASONS[self as usize]
     }
+}
+
+/// What an idle connection evicted at the cap was waiting in (the label values of
+/// [`CONNECTIONS_EVICTED`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvictReason {
+    /// Accepted and no byte of a request received yet.
+    Fresh,
+    /// Kept alive after an answer, no byte of the next request received yet.
+    KeepAlive,
+}
+
+/// Every [`EvictReason`] label value.
+pub const EVICT_REASONS: [&str; 2] = ["fresh", "keep_alive"];
+
+/// Counts an idle connection evicted at the cap (only at the cap: the registry lookup is fine).
+pub fn record_connection_evicted(reason: EvictReason) {
+    counter!(CONNECTIONS_EVICTED, "reason" => EVICT_REASONS[reason as usize]).increment(1);
 }
 
 /// A connection closed because a limit was hit (rare: the registry lookup is fine here).
@@ -264,6 +285,10 @@ fn build() -> Result<PrometheusHandle, String> {
     describe_counter!(
         CONNECTIONS_CLOSED,
         "Client connections closed because a limit was hit, by reason."
+    );
+    describe_counter!(
+        CONNECTIONS_EVICTED,
+        "Idle client connections closed at the connection cap to admit a new one, by reason."
     );
     describe_counter!(
         TLS_HANDSHAKE_FAILURES,

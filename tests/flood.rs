@@ -9,6 +9,8 @@
 //! `full_size` (ignored; `loadtest/flood.sh` runs it in release) is the same scenario with
 //! 10,000 idle connections and longer limits, printing its figures.
 
+#[path = "flood/cap.rs"]
+mod cap;
 #[path = "flood/child.rs"]
 mod child;
 #[path = "flood/clients.rs"]
@@ -152,4 +154,49 @@ async fn full_size() {
 async fn a_connection_task_is_small() {
     let bytes = scenario::task_bytes().await;
     assert!(bytes <= 4096, "a connection's task is {bytes} bytes");
+}
+
+/// At the connection cap, filled with idle connections, while connect-and-close churn runs:
+/// legitimate clients opening a new connection per request are all served (idle ones evicted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "open: its metrics scrape read no eviction counts, and a few new connections wait out a 1 s SYN retransmit during the churn"]
+async fn idle_flood_at_the_cap_does_not_lock_out_new_clients() {
+    child::raise_nofile();
+    let r = cap::run(cap::CapSize {
+        cap: 500,
+        churn: 2000,
+        requests: 400,
+        clients: 4,
+    })
+    .await;
+    r.print();
+    r.check();
+}
+
+/// The same at full size (`KVGATE_FLOOD_CAP` places, 10,000; `KVGATE_FLOOD_CONNECTS` churn).
+/// `loadtest/flood.sh --at-cap` runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "minutes long; run by loadtest/flood.sh --at-cap"]
+async fn full_size_at_the_cap() {
+    let nofile = child::raise_nofile();
+    let var = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let cap = var("KVGATE_FLOOD_CAP", 10_000);
+    assert!(
+        nofile as usize > cap + 1024,
+        "descriptor limit {nofile} too low for a cap of {cap}"
+    );
+    let r = cap::run(cap::CapSize {
+        cap,
+        churn: var("KVGATE_FLOOD_CONNECTS", 20_000),
+        requests: var("KVGATE_FLOOD_REQUESTS", 5_000),
+        clients: 8,
+    })
+    .await;
+    r.print();
+    r.check();
 }

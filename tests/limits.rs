@@ -56,6 +56,10 @@ both_paths!(
     connection_cap_answers_503_fast,
     body_budget_answers_503_then_413,
     complete_head_over_64_kib_gets_431,
+    at_the_cap_the_longest_idle_connection_is_evicted,
+    at_the_cap_busy_and_mid_head_connections_are_not_evicted,
+    peer_closed_connections_free_their_places_promptly,
+    connect_and_close_churn_at_the_cap_does_not_block_a_client,
 );
 
 fn config(mock: &Mock) -> Config {
@@ -407,6 +411,8 @@ async fn connection_cap_answers_503_fast(path: Path) {
     let mut cfg = config(&mock);
     cfg.server.limits.max_connections = 3;
     cfg.server.limits.idle_timeout_ms = 60_000;
+    // Without eviction the cap refuses even idle connections' newcomers.
+    cfg.server.limits.evict_idle_at_capacity = false;
     let gw = Gateway::start(cfg).await;
     let mut served = Vec::new();
     for _ in 0..3 {
@@ -495,6 +501,185 @@ async fn complete_head_over_64_kib_gets_431(path: Path) {
         .unwrap_or_else(|| panic!("{path:?}: no answer"));
     assert_eq!(a.status, 431, "{path:?}: {a:?}");
     assert_eq!(mock.count(), 1);
+}
+
+/// The value of `kvgate_connections_evicted_total{reason}` (counters are process-wide: tests
+/// running beside this one may add to it).
+async fn evicted(gw: &Gateway, reason: &str) -> u64 {
+    let text = gw.get_text("/metrics").await;
+    let key = format!(r#"kvgate_connections_evicted_total{{reason="{reason}"}} "#);
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A config whose cap is `max` places and whose idle timeout never acts in the test.
+fn capped(mock: &Mock, max: usize) -> Config {
+    let mut cfg = config(mock);
+    cfg.server.limits.max_connections = max;
+    cfg.server.limits.idle_timeout_ms = 60_000;
+    cfg.server.limits.header_read_timeout_ms = 30_000;
+    cfg
+}
+
+/// At the cap, filled with idle connections (one accepted that never sent a byte, two kept alive
+/// after an answer): each new client is served, and the connection that waited longest is closed
+/// quietly, the fresh one first, then the oldest keep-alive one.
+async fn at_the_cap_the_longest_idle_connection_is_evicted(path: Path) {
+    let mock = Mock::start("a").await;
+    let gw = Gateway::start(capped(&mock, 3)).await;
+    let (fresh0, keep0) = (
+        evicted(&gw, "fresh").await,
+        evicted(&gw, "keep_alive").await,
+    );
+    let mut fresh = Conn::connect(&gw).await;
+    // Its place is held (idle) before the others begin.
+    assert!(eventually(5, || gw.state.limits.open_connections() == 1).await);
+    let mut older = Conn::on(&gw, path).await;
+    let mut newer = Conn::on(&gw, path).await;
+    assert_eq!(gw.state.limits.open_connections(), 3);
+
+    let mut first = Conn::connect(&gw).await;
+    let a = first.exchange(&request(path, CHAT)).await;
+    assert_eq!(a.status, 200, "{path:?}: {a:?}");
+    assert!(fresh.closed_quietly(Duration::ZERO).await, "{path:?}");
+
+    let mut second = Conn::connect(&gw).await;
+    let a = second.exchange(&request(path, CHAT)).await;
+    assert_eq!(a.status, 200, "{path:?}: {a:?}");
+    assert!(older.closed_quietly(Duration::ZERO).await, "{path:?}");
+
+    // The survivors still serve, and never more than the cap (plus those closing) are open.
+    assert_eq!(newer.exchange(&request(path, CHAT)).await.status, 200);
+    assert_eq!(first.exchange(&request(path, CHAT)).await.status, 200);
+    assert!(eventually(5, || gw.state.limits.open_connections() == 3).await);
+    assert!(evicted(&gw, "fresh").await > fresh0);
+    assert!(evicted(&gw, "keep_alive").await > keep0);
+}
+
+/// At the cap, filled with connections whose requests are under way (held by the engine) and one
+/// that has sent part of a head: none is idle, so the cap refuses as without eviction, and every
+/// request under way is answered in full.
+async fn at_the_cap_busy_and_mid_head_connections_are_not_evicted(path: Path) {
+    let mock = Mock::start("a").await;
+    let gw = Gateway::start(capped(&mock, 3)).await;
+    let mut held = vec![Conn::on(&gw, path).await, Conn::on(&gw, path).await];
+    let mut partial = Conn::on(&gw, path).await;
+    // Part of a head: busy, bounded by the header timeout rather than evicted. Sent first, so
+    // that the gateway has read it by the time the later requests reach the engine.
+    let wire = request(path, CHAT);
+    partial.send(&wire[..20]).await;
+    mock.set_mode(Mode::Held);
+    for c in &mut held {
+        c.send(&request(path, CHAT)).await;
+    }
+    assert!(
+        eventually(5, || mock
+            .state
+            .held
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 2)
+        .await
+    );
+    let refused = eventually_async(5, || async {
+        let mut c = Conn::connect(&gw).await;
+        c.send(&request(path, CHAT)).await;
+        matches!(c.answer().await, Some(a) if a.status == 503 && a.code() == "too_many_connections")
+    })
+    .await;
+    assert!(
+        refused,
+        "{path:?}: a newcomer was admitted over busy connections"
+    );
+    mock.set_mode(Mode::Json);
+    mock.release(2);
+    for c in &mut held {
+        assert_eq!(c.answer().await.expect("answered").status, 200, "{path:?}");
+    }
+    partial.send(&wire[20..]).await;
+    let a = partial.answer().await.expect("the partial head's answer");
+    assert_eq!(a.status, 200, "{path:?}: {a:?}");
+}
+
+/// Connections whose clients close (idle, after an answer) give their places back as soon as the
+/// gateway reads their end: measured from the last close to no connection open.
+async fn peer_closed_connections_free_their_places_promptly(path: Path) {
+    const N: usize = 50;
+    let mock = Mock::start("a").await;
+    let mut cfg = capped(&mock, N);
+    // Without eviction: a place must come back by the close alone.
+    cfg.server.limits.evict_idle_at_capacity = false;
+    let gw = Gateway::start(cfg).await;
+    let mut conns = Vec::with_capacity(N);
+    for _ in 0..N {
+        conns.push(Conn::on(&gw, path).await);
+    }
+    assert_eq!(gw.state.limits.open_connections(), N);
+    let closed = Instant::now();
+    drop(conns);
+    assert!(
+        eventually(5, || gw.state.limits.open_connections() == 0).await,
+        "{path:?}: {} still open",
+        gw.state.limits.open_connections()
+    );
+    let took = closed.elapsed();
+    eprintln!("{path:?}: {N} closed connections' places freed in {took:?}");
+    assert!(took < Duration::from_secs(1), "{path:?}: {took:?}");
+    // The cap is whole again.
+    let mut again = Vec::with_capacity(N);
+    for _ in 0..N {
+        again.push(Conn::on(&gw, path).await);
+    }
+}
+
+/// At a cap of 64, 2,000 connect-and-close connections from four loops while a client opens a
+/// new connection for each of its requests: every one of its requests is served (the churn's
+/// connections are idle: evicted, or closed by their client), each within a bound.
+async fn connect_and_close_churn_at_the_cap_does_not_block_a_client(path: Path) {
+    const CHURN: usize = 2000;
+    const REQUESTS: usize = 100;
+    let mock = Mock::start("a").await;
+    let gw = Gateway::start(capped(&mock, 64)).await;
+    let addr = gw.addr;
+    let churn: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut n = 0;
+                for _ in 0..CHURN / 4 {
+                    if let Ok(s) = TcpStream::connect(addr).await {
+                        drop(s);
+                        n += 1;
+                    }
+                }
+                n
+            })
+        })
+        .collect();
+    let mut latencies = Vec::with_capacity(REQUESTS);
+    for _ in 0..REQUESTS {
+        let t = Instant::now();
+        let mut c = Conn::connect(&gw).await;
+        let a = c.exchange(&request(path, CHAT)).await;
+        assert_eq!(a.status, 200, "{path:?}: {a:?}");
+        latencies.push(t.elapsed());
+    }
+    let mut connected = 0;
+    for c in churn {
+        connected += c.await.unwrap();
+    }
+    assert_eq!(
+        connected, CHURN,
+        "{path:?}: churn connections refused by the kernel"
+    );
+    latencies.sort();
+    let (p99, max) = (latencies[REQUESTS * 99 / 100 - 1], latencies[REQUESTS - 1]);
+    eprintln!("{path:?}: new-connection requests during churn: p99 {p99:?}, max {max:?}");
+    assert!(
+        max < Duration::from_secs(2),
+        "{path:?}: a request took {max:?}"
+    );
+    assert!(eventually(5, || gw.state.limits.open_connections() == 0).await);
 }
 
 /// 200 clients trickling heads (half on each path), a flood of connect-and-close, and a client

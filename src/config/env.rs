@@ -59,6 +59,8 @@ pub const BODY_BUDGET_WAIT_MS: &str = "KVGATE_BODY_BUDGET_WAIT_MS";
 pub const PICKER_ENABLED: &str = "KVGATE_PICKER_ENABLED";
 /// `picker.listen`: socket address of the endpoint picker's gRPC listener.
 pub const PICKER_LISTEN: &str = "KVGATE_PICKER_LISTEN";
+/// `server.limits.evict_idle_at_capacity`: at the cap, evict the longest-idle connection.
+pub const EVICT_IDLE_AT_CAPACITY: &str = "KVGATE_EVICT_IDLE_AT_CAPACITY";
 
 /// All variables applied as config overrides, in the order they are applied.
 pub const OVERRIDES: &[&str] = &[
@@ -88,4 +90,5 @@ pub const OVERRIDES: &[&str] = &[
     BODY_BUDGET_WAIT_MS,
     PICKER_ENABLED,
     PICKER_LISTEN,
+    EVICT_IDLE_AT_CAPACITY,
 ];

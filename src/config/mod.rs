@@ -262,6 +262,13 @@ impl Config {
                 *field = parse(var, key, &v)?;
             }
         }
+        if let Some(v) = lookup(env::EVICT_IDLE_AT_CAPACITY) {
+            limits.evict_idle_at_capacity = parse(
+                env::EVICT_IDLE_AT_CAPACITY,
+                "server.limits.evict_idle_at_capacity",
+                &v,
+            )?;
+        }
         if let Some(v) = lookup(kvgate_gossip::ENV_SECRET).filter(|v| !v.is_empty()) {
             self.gossip.secret = v;
         }
@@ -579,6 +586,7 @@ mod tests {
             (env::BODY_BUDGET_WAIT_MS, "250"),
             (env::PICKER_ENABLED, "true"),
             (env::PICKER_LISTEN, "0.0.0.0:9100"),
+            (env::EVICT_IDLE_AT_CAPACITY, "false"),
         ]
         .into();
         let mut c = Config::default();
@@ -603,6 +611,7 @@ mod tests {
             ),
             (500, 1 << 20, 250)
         );
+        assert!(!l.evict_idle_at_capacity);
         assert_eq!(
             (
                 l.header_read_timeout_ms,

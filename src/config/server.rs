@@ -87,8 +87,15 @@ pub struct LimitsConfig {
     /// Longest time an answer's bytes may wait for a client that stopped reading (its socket
     /// buffer full); beyond it the connection is cut and the upstream request cancelled.
     pub write_timeout_ms: u64,
-    /// Client connections open at once; the next one gets a fast 503 with `Retry-After`.
+    /// Client connections open at once. At the cap a new connection takes the place of the one
+    /// idle the longest (see `evict_idle_at_capacity`); when none is idle it gets a fast 503
+    /// with `Retry-After`.
     pub max_connections: usize,
+    /// At the cap, close the connection that has waited longest for a request (a keep-alive
+    /// connection between requests, or one that has sent nothing yet) and admit the new one;
+    /// connections in the middle of a request or an answer are never closed for it. Off: the
+    /// cap refuses whenever it is reached.
+    pub evict_idle_at_capacity: bool,
     /// TCP keepalive on accepted sockets: idle time before the first probe.
     pub tcp_keepalive_idle_ms: u64,
     /// TCP keepalive: time between unanswered probes.
@@ -109,6 +116,7 @@ impl Default for LimitsConfig {
             idle_timeout_ms: 60_000,
             write_timeout_ms: 30_000,
             max_connections: 10_000,
+            evict_idle_at_capacity: true,
             tcp_keepalive_idle_ms: 60_000,
             tcp_keepalive_interval_ms: 10_000,
             body_budget_bytes: 1 << 30,

@@ -10,7 +10,8 @@
 //! - A connection is assigned to a worker once, round-robin at accept, and never migrates.
 //! - Background tasks and gossip run on the caller's runtime.
 //! - Every accepted connection takes a place under `server.limits.max_connections` before it is
-//!   handed to a worker, and holds it until it closes; beyond the cap it is answered a 503 on the
+//!   handed to a worker, and holds it until it closes; at the cap it takes the place of the
+//!   longest-idle connection (evicted), and when none is idle it is answered a 503 on the
 //!   acceptor's runtime and closed (see [`super::limits`]).
 //! - With `[server.tls]` every connection is a TLS one: its handshake runs on its worker under
 //!   `server.tls.handshake_timeout_ms`, holding its place under the cap; a failed handshake is
@@ -102,7 +103,9 @@ pub async fn run(
                     continue;
                 }
             };
-            let Some(permit) = state.limits.admit() else {
+            // A plain connection waits for its first request from now; a TLS one is busy with
+            // its handshake until its serving loop begins.
+            let Some(permit) = state.limits.admit(tls.is_none()) else {
                 if tls.is_some() {
                     metrics::record_connection_closed(CloseReason::OverCapacity);
                 } else {

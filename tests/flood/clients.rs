@@ -57,7 +57,7 @@ pub fn chat(model: &str, stream: bool) -> Vec<u8> {
 
 /// Reads one answer with a `Content-Length` body off `s`, `buf` holding what was read beyond
 /// it; its status. `None`: closed, failed or not complete by `deadline`.
-async fn answer(s: &mut TcpStream, buf: &mut Vec<u8>, deadline: Instant) -> Option<u16> {
+pub async fn answer(s: &mut TcpStream, buf: &mut Vec<u8>, deadline: Instant) -> Option<u16> {
     let mut chunk = [0u8; 4096];
     loop {
         let mut fields = [httparse::EMPTY_HEADER; 32];

@@ -10,6 +10,7 @@
 use super::child::{Child, Memory};
 use super::clients::{self, Cut, Open};
 use crate::common::{eventually_async, Mock, Mode};
+use kvgate::proxy::limits::places;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -150,7 +151,8 @@ pub const POOLED: u64 = 32 * 1024 + REGISTRATION;
 /// A socket's registration with the runtime and the small per-connection state around it.
 const REGISTRATION: u64 = 512;
 
-/// `before.rss + max_connections × waiting + streams × STREAMING + pooled × POOLED + body
+/// `before.rss + max_connections × waiting + (max_connections + 256) × 64 B (the cap's
+/// places) + streams × STREAMING + pooled × POOLED + body
 /// budget`: as many connections as the cap admits may be open at once; upstream connections
 /// parked in the pool are at most the non-streaming requests in flight at once (the idle
 /// connections' first requests, the good client's).
@@ -159,11 +161,19 @@ pub fn bound(size: &Size, before: Memory, task: usize) -> (u64, String) {
     let streams = size.slow_readers as u64;
     let pooled = (RAMP_PARALLEL + 1) as u64;
     let w = waiting(task);
-    let b = before.rss + conns * w + streams * STREAMING + pooled * POOLED + BODY_BUDGET as u64;
+    // The connection cap's table of places: a slot per place and per eviction under way.
+    let places = (conns + places::EVICTING as u64) * places::SLOT_BYTES as u64;
+    let b = before.rss
+        + conns * w
+        + places
+        + streams * STREAMING
+        + pooled * POOLED
+        + BODY_BUDGET as u64;
     let terms = format!(
-        "{:.1} MiB before + {conns} connections × {:.1} KiB (task {task} B) + {streams} streams × {} KiB + {pooled} pooled upstream × {} KiB + {} MiB body budget",
+        "{:.1} MiB before + {conns} connections × {:.1} KiB (task {task} B) + {:.1} MiB places + {streams} streams × {} KiB + {pooled} pooled upstream × {} KiB + {} MiB body budget",
         before.rss as f64 / (1 << 20) as f64,
         w as f64 / 1024.0,
+        places as f64 / (1 << 20) as f64,
         STREAMING >> 10,
         POOLED >> 10,
         BODY_BUDGET >> 20,
@@ -475,7 +485,7 @@ pub async fn task_bytes() -> usize {
         drain: tokio_util::sync::CancellationToken::new(),
     };
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let permit = state.limits.admit().unwrap();
+    let permit = state.limits.admit(true).unwrap();
     let fut = h1::serve(stream, conns, graceful.watcher(), permit);
     std::mem::size_of_val(&fut)
 }

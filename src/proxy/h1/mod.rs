@@ -22,6 +22,11 @@
 //!   bytes that arrive (a pipelined request) are kept, up to [`MAX_HEAD_BYTES`] beyond which the
 //!   socket is no longer read until the answer ends.
 //! - Between requests a cancelled drain token closes the connection; a request under way finishes.
+//! - Waiting for a request's first byte (and only then) the connection's place is idle: at the
+//!   connection cap it may be evicted, which closes it with nothing sent (see
+//!   [`super::limits::places`]). From the first byte of a head it is busy. Evicted as its
+//!   request arrives (bytes already in the socket, or read), it answers that request with
+//!   `connection: close` and ends, instead of dropping it.
 //! - `[server.limits]` hold here as on hyper (see [`super::limits`]): idle and header deadlines
 //!   while waiting for a head, the body deadline and the body budget before a body is buffered
 //!   (both answer and close: the rest of the body is not read), the write deadline while
@@ -82,7 +87,7 @@ pub async fn serve<S: Wire>(
     mut stream: S,
     conns: Connections,
     watcher: Watcher,
-    permit: ConnectionPermit,
+    mut permit: ConnectionPermit,
 ) {
     let state = conns.service.state();
     let limits = &state.limits;
@@ -92,10 +97,24 @@ pub async fn serve<S: Wire>(
     // The hand-off (hyper's whole connection) and the refusals are boxed where awaited: inline,
     // their state would be part of every connection's task for its whole life, idle or not
     // (about 3 KiB of task instead of 10; `tests/flood.rs` holds it under 4 KiB).
+    // A request was served: a wait for the next one is a keep-alive wait.
+    let mut used = false;
+    // Evicted while its request was arriving (bytes in the socket or read): that request is
+    // answered, with `connection: close`, and the connection ends.
+    let mut spared = false;
     loop {
         // Until a request's first byte the idle timeout runs, from there the header timeout.
         let mut idle = buf.is_empty();
-        let mut deadline = Instant::now() + if idle { limits.idle } else { limits.header };
+        let now = Instant::now();
+        let mut deadline = now + if idle { limits.idle } else { limits.header };
+        // Waiting for a request, the connection may be evicted at the connection cap (closed,
+        // its place given to a new one); from a request's first byte it may not.
+        if idle && !spared && !permit.idle(now, used) {
+            if !stream.bytes_waiting() {
+                return;
+            }
+            spared = true;
+        }
         let head = loop {
             let to_hyper = match head::parse(&buf, limit, rid_name.as_str().as_bytes()) {
                 // A complete head beyond the cap goes to hyper too, which answers 431 for it
@@ -122,6 +141,13 @@ pub async fn serve<S: Wire>(
                 biased;
                 r = stream.read_buf(&mut buf) => r,
                 _ = conns.drain.cancelled(), if idle => return,
+                _ = permit.evicted(), if idle && !spared => {
+                    if !stream.bytes_waiting() {
+                        return;
+                    }
+                    spared = true;
+                    continue;
+                }
                 _ = tokio::time::sleep_until(deadline) => {
                     metrics::record_connection_closed(if idle {
                         CloseReason::IdleTimeout
@@ -138,6 +164,9 @@ pub async fn serve<S: Wire>(
             if idle {
                 idle = false;
                 deadline = Instant::now() + limits.header;
+                if !spared && !permit.busy() {
+                    spared = true;
+                }
             }
         };
         let endpoint = head.endpoint;
@@ -196,7 +225,7 @@ pub async fn serve<S: Wire>(
         };
         // The body was forwarded (or refused) and is dropped with the request.
         drop(reserved);
-        let close = close || conns.drain.is_cancelled();
+        let close = close || spared || conns.drain.is_cancelled();
         let written = answer::write(&mut stream, &mut buf, reply, close, limits.write).await;
         if let Err(e) = &written {
             if e.kind() == io::ErrorKind::TimedOut {
@@ -207,6 +236,7 @@ pub async fn serve<S: Wire>(
             let _ = stream.shutdown().await;
             return;
         }
+        used = true;
     }
 }
 
@@ -255,6 +285,8 @@ async fn hand_off<S: Wire>(
         prefix: read,
         inner: stream,
     };
+    // The place goes with the IO: evicted while idle, it ends hyper's connection as an end of
+    // file would; it is given back when hyper drops the connection.
     let io = TokioIo::new(Guarded::new(
         prefixed,
         requests.clone(),
@@ -262,6 +294,7 @@ async fn hand_off<S: Wire>(
         h2,
         // HTTP/2 waits for its first stream under the idle timeout, as between streams.
         deadline,
+        permit,
     ));
     let service = Counted {
         inner: conns.service,
@@ -279,5 +312,4 @@ async fn hand_off<S: Wire>(
     if let Err(e) = ended {
         tracing::debug!("connection ended with an error: {e}");
     }
-    drop(permit);
 }

@@ -10,6 +10,7 @@
 //!   accepts nothing for `stall`.
 //! - [`Wire::client_gone`] waits for the client: `true` when it closed or failed, `false` after
 //!   keeping what arrived in `pending`. Cancelling it loses no byte.
+//! - [`Wire::bytes_waiting`] never consumes a byte.
 
 use super::READ_RESERVE;
 use bytes::BytesMut;
@@ -36,6 +37,10 @@ pub trait Wire: AsyncRead + AsyncWrite + Unpin + Send + 'static {
         &'a mut self,
         pending: &'a mut BytesMut,
     ) -> impl Future<Output = bool> + Send + 'a;
+
+    /// Whether bytes from the client wait in the socket, unread by the runtime yet (a request
+    /// that arrived as the connection was evicted). Never reads them.
+    fn bytes_waiting(&self) -> bool;
 }
 
 impl Wire for TcpStream {
@@ -53,6 +58,12 @@ impl Wire for TcpStream {
         pending: &'a mut BytesMut,
     ) -> impl Future<Output = bool> + Send + 'a {
         client_gone(self, pending)
+    }
+
+    fn bytes_waiting(&self) -> bool {
+        // The socket itself, not the runtime's readiness, which may not have seen them yet.
+        let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
+        matches!(socket2::SockRef::from(self).peek(&mut byte), Ok(n) if n > 0)
     }
 }
 
@@ -82,6 +93,11 @@ impl Wire for TlsStream<TcpStream> {
         pending.reserve(READ_RESERVE);
         // Cancel-safe: records read but not yet returned stay decrypted inside rustls.
         !matches!(self.read_buf(pending).await, Ok(n) if n > 0)
+    }
+
+    fn bytes_waiting(&self) -> bool {
+        // Records in the socket are not a request until decrypted: not looked at.
+        false
     }
 }
 

@@ -15,7 +15,13 @@
 //! - HTTP/2: only the idle timeout applies (any frame may arrive between streams, and a head is
 //!   one frame); the wait is for the next stream.
 //! - A read or write that fails a deadline returns `TimedOut`, which ends hyper's connection.
+//! - The connection's place under the cap is idle during a wait before any byte of a head (on
+//!   HTTP/2: the whole wait), busy otherwise. Evicted while idle, reads return end of file, which
+//!   ends hyper's connection as a client's close would. Evicted as a request's first bytes
+//!   arrive, the request is served and the connection ends at its next wait: a request is never
+//!   cut by an eviction once hyper has read a byte of it.
 
+use super::ConnectionPermit;
 use crate::metrics::{self, CloseReason};
 use crate::proxy::body::GatewayBody;
 use crate::proxy::service::GatewayService;
@@ -90,6 +96,10 @@ pub struct Guarded<T> {
     write_timer: Option<Pin<Box<Sleep>>>,
     /// A write is pending since the write timer was set.
     stalled: bool,
+    /// The connection's place under the cap.
+    place: ConnectionPermit,
+    /// The place was evicted: reads return end of file.
+    evicted: bool,
 }
 
 impl<T> Guarded<T> {
@@ -101,6 +111,7 @@ impl<T> Guarded<T> {
         limits: Deadlines,
         h2: bool,
         head_deadline: Option<Instant>,
+        place: ConnectionPermit,
     ) -> Self {
         Self {
             inner,
@@ -115,6 +126,8 @@ impl<T> Guarded<T> {
             read_timer: None,
             write_timer: None,
             stalled: false,
+            place,
+            evicted: false,
         }
     }
 
@@ -124,13 +137,25 @@ impl<T> Guarded<T> {
         let ended = self.requests.ended.load(Ordering::Relaxed);
         if started != ended {
             self.wait = None;
+            // Evicted as this request arrived: it is served, and the connection closes at
+            // its next wait (below).
+            let _ = self.place.busy();
         } else if self.wait.is_none() || ended != self.seen_ended {
             self.seen_ended = ended;
+            let now = Instant::now();
             self.wait = Some(Wait {
-                deadline: Instant::now() + self.limits.idle,
+                deadline: now + self.limits.idle,
                 begun: false,
             });
+            if !self.place.idle(now, ended > 0) {
+                self.evicted = true;
+            }
         }
+    }
+
+    /// Whether the current wait is an idle one (no byte of a head yet, or HTTP/2).
+    fn idle(&self) -> bool {
+        self.wait.as_ref().is_some_and(|w| !w.begun)
     }
 
     /// A write returned `r`: a pending one starts or continues a stall.
@@ -163,6 +188,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for Guarded<T> {
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         this.track();
+        if this.evicted || (this.idle() && this.place.poll_evicted(cx).is_ready()) {
+            this.evicted = true;
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
@@ -170,6 +199,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for Guarded<T> {
                     if !w.begun && !this.h2 && buf.filled().len() > before {
                         w.begun = true;
                         w.deadline = Instant::now() + this.limits.header;
+                        // Evicted as the byte arrived: the request is served, and the
+                        // connection closes at its next wait.
+                        let _ = this.place.busy();
                     }
                 }
                 Poll::Ready(r)

@@ -9,26 +9,30 @@
 //! - A complete head's declared body must arrive within `body_read_timeout_ms` (408, close).
 //! - A write that makes no progress for `write_timeout_ms` cuts the connection, which drops the
 //!   answer's body and with it the upstream request.
-//! - Every served connection holds one permit of the connection cap for its whole life; beyond
-//!   the cap the acceptor answers a fixed 503 itself and closes; those refusals are themselves
-//!   capped ([`REFUSALS`]), past which a connection is closed unanswered. Nothing queues.
+//! - Every served connection holds one place of the connection cap for its whole life
+//!   ([`places::Place`]). At the cap a new connection takes the place of the connection idle the
+//!   longest, which closes (`evict_idle_at_capacity`, see [`places`]); when none is idle the
+//!   acceptor answers a fixed 503 itself and closes; those refusals are themselves capped
+//!   ([`REFUSALS`]), past which a connection is closed unanswered. Nothing queues.
 //! - Request bodies are reserved in the [`budget::BodyBudget`] before they are read (the
 //!   declared length) or as they arrive (chunked), and released once forwarded or dropped.
 
 pub mod budget;
 pub mod io;
+pub mod places;
 
 use crate::config::ServerConfig;
 use crate::error::GatewayError;
 use crate::metrics::{self, CloseReason};
 use budget::BodyBudget;
 use bytes::Bytes;
+use places::Places;
 use socket2::{SockRef, TcpKeepalive};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 
 /// Most over-cap connections being answered their 503 at once; beyond, they are closed
 /// unanswered, so a flood costs the gateway a bounded number of sockets and tasks.
@@ -40,7 +44,7 @@ const LINGER: Duration = Duration::from_secs(1);
 const LINGER_BYTES: usize = 1 << 20;
 
 /// A connection's place under the cap, held until it closes.
-pub type ConnectionPermit = OwnedSemaphorePermit;
+pub type ConnectionPermit = places::Place;
 
 /// `[server.limits]` in force.
 pub struct Limits {
@@ -57,9 +61,8 @@ pub struct Limits {
     pub body_limit: usize,
     /// Request bodies held at once.
     pub budget: BodyBudget,
-    /// One permit per open connection.
-    connections: Arc<Semaphore>,
-    max_connections: usize,
+    /// One place per open connection.
+    connections: Arc<Places>,
     /// One permit per refusal under way.
     refusals: Arc<Semaphore>,
     /// The over-cap answer, encoded once.
@@ -79,8 +82,7 @@ impl Limits {
             write: ms(l.write_timeout_ms),
             body_limit: server.body_limit_bytes.min(l.body_budget_bytes),
             budget: BodyBudget::new(l.body_budget_bytes, ms(l.body_budget_wait_ms)),
-            connections: Arc::new(Semaphore::new(l.max_connections)),
-            max_connections: l.max_connections,
+            connections: Places::new(l.max_connections, l.evict_idle_at_capacity),
             refusals: Arc::new(Semaphore::new(REFUSALS)),
             refusal: refusal(l.max_connections),
             keepalive: TcpKeepalive::new()
@@ -89,14 +91,16 @@ impl Limits {
         }
     }
 
-    /// A place for a new connection, if the cap allows one.
-    pub fn admit(&self) -> Option<ConnectionPermit> {
-        self.connections.clone().try_acquire_owned().ok()
+    /// A place for a new connection, if the cap allows one (evicting the longest-idle
+    /// connection at the cap, when configured). `idle`: it waits for a request from now (plain
+    /// TCP); otherwise it is busy until its serving loop begins (a TLS handshake).
+    pub fn admit(&self, idle: bool) -> Option<ConnectionPermit> {
+        self.connections.admit(idle)
     }
 
-    /// Client connections open now.
+    /// Client connections open now (evicted ones not yet closed included).
     pub fn open_connections(&self) -> usize {
-        self.max_connections - self.connections.available_permits()
+        self.connections.open()
     }
 
     /// Socket options of an accepted connection: no Nagle delay (answers are written whole),
@@ -163,13 +167,14 @@ mod tests {
         let mut c = ServerConfig::default();
         c.limits.max_connections = 2;
         let l = Limits::new(&c);
-        let a = l.admit().unwrap();
-        let _b = l.admit().unwrap();
-        assert!(l.admit().is_none());
+        // Busy (a TLS handshake): never evicted.
+        let a = l.admit(false).unwrap();
+        let _b = l.admit(false).unwrap();
+        assert!(l.admit(true).is_none());
         assert_eq!(l.open_connections(), 2);
         drop(a);
         assert_eq!(l.open_connections(), 1);
-        assert!(l.admit().is_some());
+        assert!(l.admit(true).is_some());
     }
 
     #[test]
