@@ -12,9 +12,12 @@ const THRESHOLD: u32 = 3;
 const CONCURRENCY: usize = 4;
 
 /// Three engines, 90 non-streaming requests, 4 at a time; after 15 completed one engine answers
-/// 500 to everything. Returns the report, the victim's name, and when the gateway was first seen
-/// to eject it (polled from `/admin/instances` during the load).
-async fn failing_engine(idempotent: bool) -> (Report, String, Option<Instant>) {
+/// 500 to everything. Returns the report, the victim's name, when the gateway was first seen
+/// to eject it (polled during the load), and the (status, instance) of 10 more requests sent one
+/// by one once the ejection was seen (the load may end before the poll sees it).
+async fn failing_engine(
+    idempotent: bool,
+) -> (Report, String, Option<Instant>, Vec<(u16, Option<String>)>) {
     let fleet = harness::fleet(3, false).await;
     let infos = fleet.instances();
     let mut cfg = harness::config(&infos);
@@ -52,13 +55,30 @@ async fn failing_engine(idempotent: bool) -> (Report, String, Option<Instant>) {
         seen.then(Instant::now)
     };
     let (report, ejected_at) = tokio::join!(run, watch);
+    let mut tail = Vec::new();
+    if ejected_at.is_some() {
+        for i in 0..10 {
+            let r = client()
+                .post(gw.url("/v1/chat/completions"))
+                .json(&harness::chat(&infos[0].model, 1000 + i, 8, false))
+                .send()
+                .await
+                .expect("request after the ejection");
+            let instance = r
+                .headers()
+                .get("x-kvgate-instance")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            tail.push((r.status().as_u16(), instance));
+        }
+    }
     // Also visible in the admin view.
     let v = harness::instance_view(&gw, &victim).await;
     assert_eq!(v["ejected"], true, "{v}");
     assert_eq!(v["usable"], false, "{v}");
     drop(gw);
     fleet.shutdown().await;
-    (report, victim, ejected_at)
+    (report, victim, ejected_at, tail)
 }
 
 /// With `idempotent_requests` on: no request lost (each 500 is retried on another instance), and
@@ -66,7 +86,7 @@ async fn failing_engine(idempotent: bool) -> (Report, String, Option<Instant>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_engine_is_ejected_and_nothing_is_lost_when_idempotent() {
     let t = Instant::now();
-    let (report, _victim, ejected) = failing_engine(true).await;
+    let (report, _victim, ejected, _tail) = failing_engine(true).await;
     harness::summary("5xx/idempotent", t, &report);
     assert!(ejected.is_some(), "never ejected");
     let lost = report.lost();
@@ -80,7 +100,7 @@ async fn failing_engine_is_ejected_and_nothing_is_lost_when_idempotent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_engine_500s_pass_through_until_ejected_by_default() {
     let t = Instant::now();
-    let (report, victim, ejected) = failing_engine(false).await;
+    let (report, victim, ejected, tail) = failing_engine(false).await;
     harness::summary("5xx/default", t, &report);
     let ejected = ejected.expect("never ejected");
     let lost = report.lost();
@@ -102,7 +122,12 @@ async fn failing_engine_500s_pass_through_until_ejected_by_default() {
         .iter()
         .filter(|o| o.started > ejected)
         .collect();
-    assert!(!later.is_empty(), "the load ended before the ejection");
     assert_eq!(Report::served_by(&later, &victim), 0);
     assert!(later.iter().all(|o| o.ok()));
+    // However fast the load ended, requests after the ejection never reach the victim.
+    assert_eq!(tail.len(), 10);
+    for (status, instance) in &tail {
+        assert_eq!(*status, 200, "{tail:?}");
+        assert_ne!(instance.as_deref(), Some(victim.as_str()), "{tail:?}");
+    }
 }
