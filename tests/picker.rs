@@ -154,7 +154,16 @@ impl Stream {
             }
         }
         let endpoints: Vec<String> = header.split(',').map(str::to_string).collect();
-        Decision { endpoints, body }
+        let request_id = set
+            .iter()
+            .filter_map(|o| o.header.as_ref())
+            .find(|h| h.key == "x-request-id")
+            .map(|h| String::from_utf8(h.raw_value.clone()).unwrap());
+        Decision {
+            endpoints,
+            body,
+            request_id,
+        }
     }
 
     /// Plays the response: headers, then `chunks`, the last ending the stream; each must be
@@ -195,6 +204,8 @@ struct Decision {
     endpoints: Vec<String>,
     /// The body passed back.
     body: Vec<u8>,
+    /// The request id set on the request toward the engine.
+    request_id: Option<String>,
 }
 
 fn hv(k: &str, v: &str) -> HeaderValue {
@@ -428,6 +439,61 @@ async fn streaming_request_observes_first_token_and_end() {
     let inst = view.serving().find(|i| i.authority == chosen).unwrap();
     assert!(inst.ttft.get().is_some(), "time to first token observed");
     assert_eq!(in_flight(&gw, &chosen), 0, "load released at the end");
+}
+
+/// The request id the decision is logged under reaches the engine (set on the request) and the
+/// client (set on the answer), as through the proxy: the client's own when it sent one, else a
+/// generated one.
+#[tokio::test]
+async fn the_request_id_reaches_the_engine_and_the_answer() {
+    let (_mocks, gw, picker) = setup(|_| {}).await;
+    for sent in [None, Some("client-id-7")] {
+        let body = chat("rid", 50, false);
+        let mut s = Stream::open(picker.addr).await;
+        let extra: Vec<(&str, &str)> = sent.map(|v| ("x-request-id", v)).into_iter().collect();
+        s.send(req_headers("/v1/chat/completions", &extra, false, None))
+            .await;
+        s.send(req_body(body.as_bytes(), true)).await;
+        let d = s.decision().await;
+        let rid = d
+            .request_id
+            .clone()
+            .expect("request id set toward the engine");
+        assert!(!rid.is_empty());
+        if let Some(v) = sent {
+            assert_eq!(rid, v, "the client's id is kept");
+        }
+        let decisions = gw.get_text("/admin/decisions").await;
+        assert!(
+            decisions.contains(&format!("\"request_id\":\"{rid}\"")),
+            "decision logged under {rid}: {decisions}"
+        );
+        s.send(resp_headers(200, "application/json", Some(&d.endpoints[0])))
+            .await;
+        let m = s.expect().await;
+        let Some(Resp::ResponseHeaders(h)) = &m.response else {
+            panic!("expected a response headers answer, got {m:?}");
+        };
+        let answered = h
+            .response
+            .as_ref()
+            .and_then(|c| c.header_mutation.as_ref())
+            .and_then(|m| {
+                m.set_headers
+                    .iter()
+                    .filter_map(|o| o.header.as_ref())
+                    .find(|h| h.key == "x-request-id")
+            })
+            .map(|h| String::from_utf8(h.raw_value.clone()).unwrap());
+        assert_eq!(
+            answered.as_deref(),
+            Some(rid.as_str()),
+            "the answer carries the id"
+        );
+        s.send(resp_body(br#"{"usage":{"completion_tokens":1}}"#, true))
+            .await;
+        s.expect().await;
+    }
 }
 
 #[tokio::test]
@@ -828,7 +894,12 @@ fn golden_protocol_names_match_gie_v1_6_0() {
     assert_eq!(protocol::HEALTH_READINESS, "readiness");
     assert_eq!(protocol::MAX_BODY_CHUNK, 62_000);
     // The message shape: header and metadata carry the same comma-separated list.
-    let m = protocol::destination_response("10.0.0.1:8000,10.0.0.2:8000", Some(7), &[]);
+    let m = protocol::destination_response(
+        "10.0.0.1:8000,10.0.0.2:8000",
+        Some(7),
+        &[],
+        &[("x-request-id", b"r-1")],
+    );
     let Some(Resp::RequestHeaders(h)) = &m.response else {
         panic!("a request headers response")
     };
@@ -841,7 +912,11 @@ fn golden_protocol_names_match_gie_v1_6_0() {
         .collect();
     assert_eq!(
         keys,
-        vec!["x-gateway-destination-endpoint", "content-length"]
+        vec![
+            "x-gateway-destination-endpoint",
+            "content-length",
+            "x-request-id"
+        ]
     );
     assert_eq!(
         set[0].header.as_ref().unwrap().raw_value,

@@ -101,12 +101,14 @@ pub fn destination_metadata(destination: &str) -> Struct {
 }
 
 /// The answer to the request headers once the endpoint is chosen: the destination header (and
-/// `content-length` when the body is passed back), the fields in `remove` removed, the route
-/// cache cleared so that the gateway routes on the new header, and the destination metadata.
+/// `content-length` when the body is passed back, and the `extra` headers, e.g. the request id
+/// the decision was logged under), the fields in `remove` removed, the route cache cleared so
+/// that the gateway routes on the new header, and the destination metadata.
 pub fn destination_response(
     destination: &str,
     content_length: Option<usize>,
     remove: &[String],
+    extra: &[(&str, &[u8])],
 ) -> ProcessingResponse {
     let mut set = vec![set_header(
         DESTINATION_ENDPOINT_HEADER,
@@ -115,6 +117,7 @@ pub fn destination_response(
     if let Some(n) = content_length {
         set.push(set_header("content-length", n.to_string().into_bytes()));
     }
+    set.extend(extra.iter().map(|(k, v)| set_header(k, v.to_vec())));
     ProcessingResponse {
         response: Some(Response::RequestHeaders(HeadersResponse {
             response: Some(CommonResponse {
@@ -169,11 +172,18 @@ fn body_message(body: Vec<u8>, end_of_stream: bool, request: bool) -> Processing
     }
 }
 
-/// The answer to the response headers: continue unchanged.
-pub fn response_headers_continue() -> ProcessingResponse {
+/// The answer to the response headers: continue, with the `set` headers set (none: unchanged).
+pub fn response_headers_continue(set: &[(&str, &[u8])]) -> ProcessingResponse {
+    let header_mutation = (!set.is_empty()).then(|| HeaderMutation {
+        set_headers: set.iter().map(|(k, v)| set_header(k, v.to_vec())).collect(),
+        remove_headers: Vec::new(),
+    });
     ProcessingResponse {
         response: Some(Response::ResponseHeaders(HeadersResponse {
-            response: Some(CommonResponse::default()),
+            response: Some(CommonResponse {
+                header_mutation,
+                ..Default::default()
+            }),
         })),
         ..Default::default()
     }

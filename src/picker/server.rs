@@ -20,6 +20,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     external_processor_server::{ExternalProcessor, ExternalProcessorServer},
     processing_request, ProcessingRequest, ProcessingResponse,
 };
+use http::HeaderValue;
 use kvgate_core::InstanceId;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -191,6 +192,9 @@ struct Decided<'s> {
     endpoint: Endpoint,
     /// When the destination was named (the dispatch, as far as the picker knows).
     sent: Instant,
+    /// The request id the decision was made under (the client's, or one generated): set on the
+    /// request toward the engine and on the answer, as the proxy sets it.
+    rid: HeaderValue,
 }
 
 async fn run_stream(
@@ -260,6 +264,7 @@ async fn run_stream(
                 &destination,
                 length,
                 &remove,
+                &[(state.request_id_header.as_str(), decided.rid.as_bytes())],
             ));
             if req.bodied {
                 protocol::body_chunks(&passed, !req.trailers, true, &mut msgs);
@@ -332,6 +337,7 @@ async fn pick<'s>(
                     routed: None,
                     endpoint: Endpoint::Chat,
                     sent: Instant::now(),
+                    rid,
                 },
                 inst.authority.clone(),
                 body,
@@ -412,6 +418,7 @@ async fn pick<'s>(
             routed: Some(routed),
             endpoint,
             sent: Instant::now(),
+            rid,
         },
         destination,
         passed,
@@ -499,7 +506,9 @@ async fn respond(
                 }
                 let served = protocol::served_endpoint(msg.metadata_context.as_ref());
                 tracker = start_tracking(state, &mut decided, served, status, sse, started);
-                out.send(protocol::response_headers_continue()).await?;
+                // The client sees the id its decision is logged under, as from the proxy.
+                let set = [(state.request_id_header.as_str(), decided.rid.as_bytes())];
+                out.send(protocol::response_headers_continue(&set)).await?;
                 if h.end_of_stream {
                     if let Some(t) = tracker.as_mut() {
                         t.complete();
