@@ -217,9 +217,10 @@ async fn serve(mut cfg: Config, threads: usize) -> Result<()> {
             "[auth] is OFF in front of real instances: the gateway is OPEN, any client that can reach it may use every model; set auth.enabled = true (docs/security.md)"
         );
     }
-    let listener = tokio::net::TcpListener::bind(&cfg.server.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", cfg.server.listen))?;
+    let listener =
+        kvgate::proxy::limits::listen::bind(&cfg.server.listen, cfg.server.limits.listen_backlog)
+            .await
+            .with_context(|| format!("cannot listen on {}", cfg.server.listen))?;
     let state = kvgate::app::AppState::new(cfg)?;
     tracing::info!(
         listen = %listener.local_addr()?,
@@ -246,9 +247,10 @@ async fn serve(mut cfg: Config, threads: usize) -> Result<()> {
     let stop = tokio_util::sync::CancellationToken::new();
     let picker = if state.config.picker.enabled {
         let addr = &state.config.picker.listen;
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr} (picker.listen)"))?;
+        let l =
+            kvgate::proxy::limits::listen::bind(addr, state.config.server.limits.listen_backlog)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (picker.listen)"))?;
         tracing::info!(
             listen = %l.local_addr()?,
             failure_mode = ?state.config.picker.failure_mode,

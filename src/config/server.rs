@@ -96,6 +96,10 @@ pub struct LimitsConfig {
     /// connections in the middle of a request or an answer are never closed for it. Off: the
     /// cap refuses whenever it is reached.
     pub evict_idle_at_capacity: bool,
+    /// Connections the kernel may hold completed but not yet accepted (`listen(2)`'s backlog,
+    /// capped by the kernel at `net.core.somaxconn`). Beyond it a new client's SYN is dropped
+    /// and it waits out a retransmit (a second or more), so a burst of connections must fit.
+    pub listen_backlog: u32,
     /// TCP keepalive on accepted sockets: idle time before the first probe.
     pub tcp_keepalive_idle_ms: u64,
     /// TCP keepalive: time between unanswered probes.
@@ -117,6 +121,7 @@ impl Default for LimitsConfig {
             write_timeout_ms: 30_000,
             max_connections: 10_000,
             evict_idle_at_capacity: true,
+            listen_backlog: 4096,
             tcp_keepalive_idle_ms: 60_000,
             tcp_keepalive_interval_ms: 10_000,
             body_budget_bytes: 1 << 30,
@@ -127,6 +132,9 @@ impl Default for LimitsConfig {
 
 /// Most connections the cap may allow (a semaphore's permits, with room to spare).
 const MAX_CONNECTIONS: usize = 1 << 24;
+/// Largest `listen_backlog` (Linux keeps the backlog in 16 bits' worth and caps it at
+/// `somaxconn` anyway).
+const MAX_LISTEN_BACKLOG: u32 = 65_535;
 
 impl LimitsConfig {
     /// Checks every value; the error names the offending key.
@@ -155,6 +163,12 @@ impl LimitsConfig {
                 format!("must be between 1 and {MAX_CONNECTIONS}"),
             ));
         }
+        if !(1..=MAX_LISTEN_BACKLOG).contains(&self.listen_backlog) {
+            return Err(invalid(
+                "server.limits.listen_backlog",
+                format!("must be between 1 and {MAX_LISTEN_BACKLOG}"),
+            ));
+        }
         if self.body_budget_bytes == 0 {
             return Err(invalid("server.limits.body_budget_bytes", "must be > 0"));
         }
@@ -174,7 +188,7 @@ mod tests {
     #[test]
     fn each_bad_limit_names_its_key() {
         type Set = fn(&mut LimitsConfig);
-        let cases: [(&str, Set); 10] = [
+        let cases: [(&str, Set); 12] = [
             ("header_read_timeout_ms", |l| l.header_read_timeout_ms = 0),
             ("body_read_timeout_ms", |l| l.body_read_timeout_ms = 0),
             ("idle_timeout_ms", |l| l.idle_timeout_ms = 3_600_001),
@@ -189,6 +203,10 @@ mod tests {
                 l.max_connections = MAX_CONNECTIONS + 1
             }),
             ("body_budget_bytes", |l| l.body_budget_bytes = 0),
+            ("listen_backlog", |l| l.listen_backlog = 0),
+            ("listen_backlog", |l| {
+                l.listen_backlog = MAX_LISTEN_BACKLOG + 1
+            }),
         ];
         for (key, set) in cases {
             let mut l = LimitsConfig::default();

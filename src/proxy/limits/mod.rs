@@ -19,6 +19,7 @@
 
 pub mod budget;
 pub mod io;
+pub mod listen;
 pub mod places;
 
 use crate::config::ServerConfig;
