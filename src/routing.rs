@@ -532,6 +532,20 @@ impl Routing {
         metrics::record_retraction();
     }
 
+    /// `prep`'s blocks were computed on `served`, not on the instance the decision chose (a
+    /// gateway's fallback served it): the decision's prediction is taken back, the blocks are
+    /// predicted on `served`, and gossip peers are told both.
+    pub fn served_elsewhere(&self, prep: &Prepared, routed: &Routed, served: InstanceId) {
+        self.retract(prep, routed);
+        let gossip = self.gossip.get().map(GossipPeers);
+        self.router.predict_served(
+            served,
+            &prep.hashes,
+            gossip.as_ref().map(|g| g as &dyn Peers),
+            self.clock.now_ms(),
+        );
+    }
+
     /// A well-mixed seed for one decision. Each thread counts on its own, its counter starting
     /// 2^40 past the previous thread's: a shared counter would be one more cache line that every
     /// serving thread writes on every request.

@@ -628,6 +628,21 @@ async fn a_served_fallback_takes_the_load() {
     s.send(resp_body(b"data: [DONE]\n\n", true)).await;
     s.expect().await;
     assert_eq!(in_flight(&gw, &fallback), 0);
+    // The fallback computed the prompt, and the index knows it: the same prompt goes there next.
+    let mut again = Stream::open(picker.addr).await;
+    again
+        .request(
+            "/v1/chat/completions",
+            chat("eps", 300, true).as_bytes(),
+            1,
+            None,
+        )
+        .await;
+    let d = again.decision().await;
+    assert_eq!(
+        d.endpoints[0], fallback,
+        "routed to where the prefix was served"
+    );
 }
 
 #[tokio::test]

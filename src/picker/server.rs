@@ -567,7 +567,7 @@ fn start_tracking(
         let first = s.split(',').next().unwrap_or(s).trim();
         if first != inst.authority {
             if let Some(f) = routed.fallbacks.iter().find(|f| f.authority == first) {
-                state.routing.retract(&adm.prep, &routed);
+                state.routing.served_elsewhere(&adm.prep, &routed, f.id);
                 let size = routed.guard.size();
                 routed.guard = state.routing.load().dispatch_sized(f.id, size);
                 state.events.note_dispatch(f.id);

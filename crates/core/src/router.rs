@@ -296,6 +296,33 @@ impl Router {
         }
     }
 
+    /// Predicts `hashes` on `instance`, which served a request a decision sent elsewhere (a
+    /// gateway's fallback, when the endpoint picker's choice could not take it): the blocks will
+    /// be cached there, as a decision for it would have predicted, and peers are told. Pair it
+    /// with [`Router::retract`] of the decision's own choice. Peers are told the whole chain
+    /// (nothing is assumed known of it there).
+    pub fn predict_served(
+        &self,
+        instance: InstanceId,
+        hashes: &[BlockHash],
+        peers: Option<&dyn Peers>,
+        now: Millis,
+    ) {
+        if !self.cfg.predict || hashes.is_empty() {
+            return;
+        }
+        self.index.predict(
+            instance,
+            hashes,
+            Source::Local,
+            self.cfg.predicted_ttl_ms,
+            now,
+        );
+        if let Some(p) = peers {
+            p.record(instance, hashes, 0, now);
+        }
+    }
+
     /// The decode batch on `instance` now, fleet-wide (this router's sequences and peers').
     pub fn batch(&self, instance: InstanceId, peers: Option<&dyn Peers>) -> BatchSample {
         let l = fleet_load(self.load.snapshot(instance), peers, instance);
@@ -493,6 +520,40 @@ mod tests {
         r.index().store(chosen, &longer, crate::Tier::Gpu, 1_000);
         r.retract(chosen, second.known_blocks, &longer, None, 1_000);
         assert_eq!(held(&r, &longer, chosen), 10);
+    }
+
+    #[test]
+    fn a_request_served_elsewhere_moves_its_prediction_there() {
+        let r = router(3);
+        let policy = build_policy(&PolicyConfig::default());
+        let peers = Recorder::default();
+        let mut scratch = Scratch::default();
+        let hashes: Vec<u64> = (0..6).collect();
+        let routed = r
+            .route(
+                &*policy,
+                &request(&hashes, 1),
+                offers(3),
+                Some(&peers),
+                &mut scratch,
+            )
+            .expect("routed");
+        let chosen = routed.decision.chosen;
+        let other = InstanceId((chosen.0 + 1) % 3);
+        r.retract(chosen, routed.known_blocks, &hashes, Some(&peers), 1_000);
+        r.predict_served(other, &hashes, Some(&peers), 1_000);
+        assert_eq!(
+            held(&r, &hashes, chosen),
+            0,
+            "taken off the decision's choice"
+        );
+        assert_eq!(held(&r, &hashes, other), 6, "placed where it was served");
+        assert_eq!(peers.recorded.lock().last(), Some(&(other, 6, 0)));
+        // Without prediction the index is left alone.
+        let mut off = router(3);
+        off.cfg.predict = false;
+        off.predict_served(other, &hashes, None, 1_000);
+        assert_eq!(held(&off, &hashes, other), 0);
     }
 
     #[test]
