@@ -474,6 +474,19 @@ mod tests {
         }
     }
 
+    /// Routes `hashes` (request seed `seed`) over the first 3 instances with the default policy.
+    fn route3(
+        r: &Router,
+        scratch: &mut Scratch,
+        hashes: &[u64],
+        seed: u64,
+        peers: Option<&dyn Peers>,
+    ) -> Routed {
+        let policy = build_policy(&PolicyConfig::default());
+        r.route(&*policy, &request(hashes, seed), offers(3), peers, scratch)
+            .expect("routed")
+    }
+
     /// Blocks of `hashes` the index places on `id`, leading run.
     fn held(r: &Router, hashes: &[u64], id: InstanceId) -> u32 {
         let mut m = PrefixMatches::default();
@@ -484,32 +497,15 @@ mod tests {
     #[test]
     fn a_failed_attempt_takes_its_prediction_back_and_keeps_what_was_known() {
         let r = router(3);
-        let policy = build_policy(&PolicyConfig::default());
         let peers = Recorder::default();
         let mut scratch = Scratch::default();
         let shared: Vec<u64> = (0..4).collect();
-        let first = r
-            .route(
-                &*policy,
-                &request(&shared, 1),
-                offers(3),
-                None,
-                &mut scratch,
-            )
-            .expect("routed");
+        let first = route3(&r, &mut scratch, &shared, 1, None);
         let chosen = first.decision.chosen;
         drop(first);
         // A longer prompt on the same prefix goes where the prefix is, then fails there.
         let longer: Vec<u64> = (0..10).collect();
-        let second = r
-            .route(
-                &*policy,
-                &request(&longer, 2),
-                offers(3),
-                Some(&peers),
-                &mut scratch,
-            )
-            .expect("routed");
+        let second = route3(&r, &mut scratch, &longer, 2, Some(&peers));
         assert_eq!(second.decision.chosen, chosen);
         assert_eq!(second.known_blocks, 4);
         assert_eq!(held(&r, &longer, chosen), 10);
@@ -525,19 +521,10 @@ mod tests {
     #[test]
     fn a_request_served_elsewhere_moves_its_prediction_there() {
         let r = router(3);
-        let policy = build_policy(&PolicyConfig::default());
         let peers = Recorder::default();
         let mut scratch = Scratch::default();
         let hashes: Vec<u64> = (0..6).collect();
-        let routed = r
-            .route(
-                &*policy,
-                &request(&hashes, 1),
-                offers(3),
-                Some(&peers),
-                &mut scratch,
-            )
-            .expect("routed");
+        let routed = route3(&r, &mut scratch, &hashes, 1, Some(&peers));
         let chosen = routed.decision.chosen;
         let other = InstanceId((chosen.0 + 1) % 3);
         r.retract(chosen, routed.known_blocks, &hashes, Some(&peers), 1_000);
@@ -563,15 +550,7 @@ mod tests {
         let peers = Recorder::default();
         let hashes: Vec<u64> = (0..8).collect();
         let mut scratch = Scratch::default();
-        let first = r
-            .route(
-                &*policy,
-                &request(&hashes, 1),
-                offers(3),
-                Some(&peers),
-                &mut scratch,
-            )
-            .expect("routed");
+        let first = route3(&r, &mut scratch, &hashes, 1, Some(&peers));
         let chosen = first.decision.chosen;
         assert_eq!(first.size().uncached_prefill_tokens, 128);
         assert_eq!(first.size().expected_output_tokens, 50);
@@ -580,15 +559,7 @@ mod tests {
         assert_eq!(*peers.materialized.lock(), 1);
         assert_eq!(peers.recorded.lock()[0], (chosen, 8, 0));
         // The prediction makes the next identical prompt a full match there.
-        let second = r
-            .route(
-                &*policy,
-                &request(&hashes, 2),
-                offers(3),
-                None,
-                &mut scratch,
-            )
-            .expect("routed");
+        let second = route3(&r, &mut scratch, &hashes, 2, None);
         let held = scratch
             .candidates()
             .iter()
