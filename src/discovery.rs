@@ -20,7 +20,7 @@ pub fn start(cfg: &DiscoveryConfig, token: CancellationToken) -> Result<Running,
     let (tx, rx) = watch::channel(EndpointSet::default());
     let task = match cfg.source {
         SourceKind::Dns => {
-            let source = DnsSource::new(cfg, SystemResolver)?;
+            let source = DnsSource::new(cfg, SystemResolver::default())?;
             tokio::spawn(source.run(tx, async move { token.cancelled().await }))
         }
         SourceKind::Static => {

@@ -14,6 +14,8 @@
 //! # interval_ms = 5000       # dns: re-resolution interval
 //! # lookup_timeout_ms = 2000  # dns: one lookup's timeout
 //! # name = "vllm-headless.inference.svc.cluster.local"   # dns: the name to resolve
+//! # record = "srv"            # dns: "a" (default: A/AAAA records, on `port`) or "srv" (each
+//! #                           #   record's target and port; name = "_http._tcp.vllm-headless...")
 //! # port_name = "http"        # kubernetes service: the EndpointSlice port of this name
 //! # kubeconfig = "/path/config"  # kubernetes: default $KUBECONFIG, in-cluster, ~/.kube/config
 //! # context = "prod"          # kubernetes: the kubeconfig context (default current-context)
@@ -40,6 +42,18 @@ pub enum SourceKind {
     Kubernetes,
 }
 
+/// Which DNS records the `dns` source reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DnsRecord {
+    /// A/AAAA records of `name` (through the system resolver), every endpoint on `port`.
+    #[default]
+    A,
+    /// SRV records of `name`: each names a target host and its port (Kubernetes publishes
+    /// `_<port-name>._<proto>.<service>.<namespace>.svc.<zone>` for a Service's named ports).
+    Srv,
+}
+
 /// A pool's discovery settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -50,13 +64,17 @@ pub struct DiscoveryConfig {
     /// dns: the host name to resolve (a headless Service's name in Kubernetes).
     #[serde(default)]
     pub name: Option<String>,
+    /// dns: which records of `name` to read.
+    #[serde(default)]
+    pub record: DnsRecord,
     /// dns: re-resolution interval.
     #[serde(default = "DiscoveryConfig::default_interval_ms")]
     pub interval_ms: u64,
     /// dns: how long one lookup may take before it counts as a failure.
     #[serde(default = "DiscoveryConfig::default_lookup_timeout_ms")]
     pub lookup_timeout_ms: u64,
-    /// Engine HTTP port: for dns always; for kubernetes when the watched object names none.
+    /// Engine HTTP port: for dns A records; for kubernetes when the watched object names none.
+    /// (SRV records name their own ports.)
     #[serde(default)]
     pub port: Option<u16>,
     /// kubernetes: the namespace; default the pod's own (in cluster); required with `api_server`.
@@ -135,6 +153,7 @@ impl Default for DiscoveryConfig {
         Self {
             source: SourceKind::default(),
             name: None,
+            record: DnsRecord::default(),
             interval_ms: Self::DEFAULT_INTERVAL_MS,
             lookup_timeout_ms: Self::DEFAULT_LOOKUP_TIMEOUT_MS,
             port: None,

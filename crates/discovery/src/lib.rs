@@ -31,7 +31,7 @@ pub mod source;
 pub mod static_list;
 pub mod validate;
 
-pub use config::{DiscoveryConfig, SourceKind};
+pub use config::{DiscoveryConfig, DnsRecord, SourceKind};
 pub use dns::{DnsSource, Resolver, SystemResolver};
 pub use endpoint::{Endpoint, EndpointSet};
 pub use kubernetes::KubernetesSource;

@@ -1,6 +1,6 @@
 //! [`DiscoveryConfig::validate`]: the settings each source needs, checked before anything starts.
 
-use crate::config::{DiscoveryConfig, SourceKind};
+use crate::config::{DiscoveryConfig, DnsRecord, SourceKind};
 use crate::source::DiscoveryError;
 
 /// Longest drain grace accepted: an hour (a drained instance holds a slot until it passes).
@@ -39,13 +39,17 @@ impl DiscoveryConfig {
                         "the dns source needs the host name to resolve",
                     ));
                 }
-                if self.port.is_none() {
-                    return Err(invalid(
+                match (self.record, self.port) {
+                    (DnsRecord::A, None) => Err(invalid(
                         "port",
                         "the dns source needs the engines' HTTP port",
-                    ));
+                    )),
+                    (DnsRecord::Srv, Some(_)) => Err(invalid(
+                        "port",
+                        "not used with record = \"srv\": each SRV record names its port",
+                    )),
+                    _ => Ok(()),
                 }
-                Ok(())
             }
             SourceKind::Kubernetes => self.validate_kubernetes(),
         }
