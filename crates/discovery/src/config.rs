@@ -90,7 +90,7 @@ pub struct DiscoveryConfig {
     #[serde(default)]
     pub inference_pool: Option<String>,
     /// kubernetes: a kubeconfig file to read the API server and credentials from; default the
-    /// first file of `$KUBECONFIG`, else in-cluster config, else `~/.kube/config`. Not with
+    /// files of `$KUBECONFIG` (merged as kubectl merges them), else in-cluster config, else `~/.kube/config`. Not with
     /// `api_server`.
     #[serde(default)]
     pub kubeconfig: Option<PathBuf>,

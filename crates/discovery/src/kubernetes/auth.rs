@@ -2,8 +2,8 @@
 //! `api_server` with optional token and CA files, a kubeconfig file, or in-cluster config (the
 //! service account).
 //!
-//! Which one, first match wins: `api_server`; the configured `kubeconfig`; the first file of
-//! `$KUBECONFIG`; in-cluster (`KUBERNETES_SERVICE_HOST` set); `~/.kube/config` if it exists.
+//! Which one, first match wins: `api_server`; the configured `kubeconfig`; the files of
+//! `$KUBECONFIG`, merged as kubectl merges them; in-cluster (`KUBERNETES_SERVICE_HOST` set); `~/.kube/config` if it exists.
 //! Explicit settings beat ambient ones, and a pod's service account beats a stray home
 //! kubeconfig baked into an image.
 //!
@@ -92,15 +92,16 @@ impl ApiTarget {
         let kubeconfig = cfg
             .kubeconfig
             .clone()
-            .or_else(|| kubeconfig::env_path(&env))
+            .map(|p| vec![p])
+            .or_else(|| kubeconfig::env_paths(&env))
             .or_else(|| {
                 in_cluster
                     .is_none()
-                    .then(|| kubeconfig::home_path(&env))
+                    .then(|| kubeconfig::home_path(&env).map(|p| vec![p]))
                     .flatten()
             });
-        if let Some(path) = kubeconfig {
-            return Self::from_kubeconfig(cfg, &path, configured_ns);
+        if let Some(paths) = kubeconfig {
+            return Self::from_kubeconfig(cfg, &paths, configured_ns);
         }
         let Some((host, port)) = in_cluster else {
             return Err(unavailable(format!(
@@ -141,10 +142,10 @@ impl ApiTarget {
     /// the context's, else `default` (as kubectl).
     fn from_kubeconfig(
         cfg: &DiscoveryConfig,
-        path: &Path,
+        paths: &[PathBuf],
         configured_ns: Option<String>,
     ) -> Result<Self, DiscoveryError> {
-        let k = kubeconfig::load(path, cfg.context.as_deref())
+        let k = kubeconfig::load_merged(paths, cfg.context.as_deref())
             .map_err(|e| unavailable(format!("kubernetes: {e}")))?;
         let ca_pem = match &cfg.ca_file {
             Some(p) => Some(read(p, "ca_file")?),
@@ -154,7 +155,8 @@ impl ApiTarget {
             Some(p) => (Some(p.clone()), None),
             None => (k.token_file, k.token),
         };
-        tracing::info!(kubeconfig = %path.display(), server = %k.server, "kubernetes discovery: using a kubeconfig");
+        let files: Vec<_> = paths.iter().map(|p| p.display().to_string()).collect();
+        tracing::info!(kubeconfig = %files.join(":"), server = %k.server, "kubernetes discovery: using a kubeconfig");
         Ok(Self {
             base: k.server,
             token_file,

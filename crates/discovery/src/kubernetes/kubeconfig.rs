@@ -10,6 +10,11 @@
 //!   password are errors naming the user and the field; nothing is silently ignored that would
 //!   leave the request unauthenticated.
 //! - Relative file paths are relative to the kubeconfig's own directory, as kubectl reads them.
+//! - Several files (`$KUBECONFIG` lists them, `:`-separated) merge as kubectl merges them: the
+//!   first file that sets `current-context` names it, and the first file that defines a context,
+//!   cluster or user by a name defines it (later ones with the same name are ignored); a listed
+//!   file that does not exist is skipped, one that cannot be read or parsed is an error. At most
+//!   [`MAX_KUBECONFIG_FILES`] are read.
 //! - Secrets (tokens, keys) never appear in errors or `Debug` output.
 
 use base64::Engine as _;
@@ -19,7 +24,9 @@ use std::path::{Path, PathBuf};
 
 /// Largest kubeconfig read.
 pub const MAX_KUBECONFIG_BYTES: u64 = 1 << 20;
-/// Environment variable listing kubeconfig files (`:`-separated; the first is read).
+/// Most kubeconfig files merged.
+pub const MAX_KUBECONFIG_FILES: usize = 64;
+/// Environment variable listing kubeconfig files (`:`-separated, merged).
 pub const ENV_KUBECONFIG: &str = "KUBECONFIG";
 /// The default kubeconfig, under `$HOME`.
 pub const DEFAULT_PATH: &str = ".kube/config";
@@ -133,13 +140,16 @@ struct User {
     password: Option<IgnoredAny>,
 }
 
-/// The first file `$KUBECONFIG` lists, if any.
-pub fn env_path(env: &impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
-    env(ENV_KUBECONFIG)?
-        .split(':')
-        .map(str::trim)
-        .find(|p| !p.is_empty())
-        .map(PathBuf::from)
+/// The files `$KUBECONFIG` lists (empty entries and repeats dropped), if any.
+pub fn env_paths(env: &impl Fn(&str) -> Option<String>) -> Option<Vec<PathBuf>> {
+    let mut paths: Vec<PathBuf> = Vec::new();
+    for p in env(ENV_KUBECONFIG)?.split(':').map(str::trim) {
+        let p = PathBuf::from(p);
+        if !p.as_os_str().is_empty() && !paths.contains(&p) {
+            paths.push(p);
+        }
+    }
+    (!paths.is_empty()).then_some(paths)
 }
 
 /// `$HOME/.kube/config`, if it exists.
@@ -150,48 +160,91 @@ pub fn home_path(env: &impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
 
 /// Reads `path` and resolves `context` (default the file's `current-context`).
 pub fn load(path: &Path, context: Option<&str>) -> Result<Resolved, KubeconfigError> {
-    let err = |message: String| KubeconfigError {
-        path: path.display().to_string(),
-        message,
-    };
-    let len = std::fs::metadata(path)
-        .map_err(|e| err(e.to_string()))?
-        .len();
-    if len > MAX_KUBECONFIG_BYTES {
-        return Err(err(format!(
-            "{len} bytes, more than {MAX_KUBECONFIG_BYTES}"
-        )));
+    load_merged(&[path.to_path_buf()], context)
+}
+
+/// Reads `paths` (those that exist), merges them as kubectl does and resolves `context`
+/// (default the first `current-context` set). The error names the file at fault, or the list.
+pub fn load_merged(paths: &[PathBuf], context: Option<&str>) -> Result<Resolved, KubeconfigError> {
+    let list = paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":");
+    let mut files = Vec::new();
+    for path in paths.iter().take(MAX_KUBECONFIG_FILES) {
+        let err = |message: String| KubeconfigError {
+            path: path.display().to_string(),
+            message,
+        };
+        let len = match std::fs::metadata(path) {
+            Ok(m) => m.len(),
+            // A single file must exist; of a list, kubectl skips the missing ones.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && paths.len() > 1 => continue,
+            Err(e) => return Err(err(e.to_string())),
+        };
+        if len > MAX_KUBECONFIG_BYTES {
+            return Err(err(format!(
+                "{len} bytes, more than {MAX_KUBECONFIG_BYTES}"
+            )));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        let file: File =
+            serde_saphyr::from_str(&text).map_err(|e| err(format!("not a kubeconfig: {e}")))?;
+        let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        files.push((file, dir));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    resolve(&text, dir, context).map_err(err)
+    if files.is_empty() {
+        return Err(KubeconfigError {
+            path: list,
+            message: "none of these files exists".into(),
+        });
+    }
+    resolve_files(&files, context).map_err(|message| KubeconfigError {
+        path: list,
+        message,
+    })
 }
 
 /// Resolves `context` in the kubeconfig `text` whose relative paths start at `dir`.
 pub fn resolve(text: &str, dir: &Path, context: Option<&str>) -> Result<Resolved, String> {
     let file: File = serde_saphyr::from_str(text).map_err(|e| format!("not a kubeconfig: {e}"))?;
-    let name = match context.or(file.current_context.as_deref()) {
+    resolve_files(&[(file, dir.to_path_buf())], context)
+}
+
+/// Resolves `context` over `files` merged in order, each with the directory its relative paths
+/// start at.
+fn resolve_files(files: &[(File, PathBuf)], context: Option<&str>) -> Result<Resolved, String> {
+    let current = files
+        .iter()
+        .find_map(|(f, _)| f.current_context.as_deref().filter(|c| !c.is_empty()));
+    let name = match context.or(current) {
         Some(n) if !n.is_empty() => n,
         _ => return Err("no current-context, and no discovery.context configured".into()),
     };
-    let ctx = &file
-        .contexts
+    let ctx = &files
         .iter()
-        .find(|c| c.name == name)
+        .find_map(|(f, _)| f.contexts.iter().find(|c| c.name == name))
         .ok_or_else(|| format!("context {name:?} not found"))?
         .value;
-    let cluster = &file
-        .clusters
+    let (cluster, cluster_dir) = files
         .iter()
-        .find(|c| c.name == ctx.cluster)
-        .ok_or_else(|| format!("cluster {:?} of context {name:?} not found", ctx.cluster))?
-        .value;
-    let user = &file
-        .users
+        .find_map(|(f, d)| {
+            f.clusters
+                .iter()
+                .find(|c| c.name == ctx.cluster)
+                .map(|c| (&c.value, d.as_path()))
+        })
+        .ok_or_else(|| format!("cluster {:?} of context {name:?} not found", ctx.cluster))?;
+    let (user, dir) = files
         .iter()
-        .find(|u| u.name == ctx.user)
-        .ok_or_else(|| format!("user {:?} of context {name:?} not found", ctx.user))?
-        .user;
+        .find_map(|(f, d)| {
+            f.users
+                .iter()
+                .find(|u| u.name == ctx.user)
+                .map(|u| (&u.user, d.as_path()))
+        })
+        .ok_or_else(|| format!("user {:?} of context {name:?} not found", ctx.user))?;
     let cname = &ctx.cluster;
     if cluster.insecure_skip_tls_verify {
         return Err(format!(
@@ -200,7 +253,7 @@ pub fn resolve(text: &str, dir: &Path, context: Option<&str>) -> Result<Resolved
         ));
     }
     let ca_pem = file_or_data(
-        dir,
+        cluster_dir,
         cluster.certificate_authority.as_deref(),
         cluster.certificate_authority_data.as_deref(),
         &format!("cluster {cname:?} certificate-authority"),
@@ -378,12 +431,64 @@ mod tests {
         assert!(e.contains("insecure-skip-tls-verify"), "{e}");
     }
 
+    /// kubectl's merge: the first `current-context` set, the first definition of each name, each
+    /// entry's relative paths from its own file's directory, missing files skipped.
     #[test]
-    fn kubeconfig_env_is_its_first_file_and_home_only_if_it_exists() {
-        let env = |k: &str| (k == ENV_KUBECONFIG).then(|| ":/a/one:/b/two".to_string());
-        assert_eq!(env_path(&env), Some(PathBuf::from("/a/one")));
+    fn several_files_merge_as_kubectl_merges_them() {
+        let root = std::env::temp_dir().join(format!("kvgate-kc-merge-{}", std::process::id()));
+        let (a, b) = (root.join("a"), root.join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        // The first file: the current context and its cluster, no users.
+        std::fs::write(
+            a.join("config"),
+            "current-context: prod\n\
+             clusters:\n- name: c1\n  cluster:\n    server: http://first:1\n\
+             contexts:\n- name: prod\n  context:\n    cluster: c1\n    user: u1\n    namespace: ns-a\n",
+        )
+        .unwrap();
+        // The second: another current-context and another c1 (both ignored), and the user,
+        // whose token file is relative to this file's directory.
+        std::fs::write(
+            b.join("config"),
+            "current-context: dev\n\
+             clusters:\n- name: c1\n  cluster:\n    server: http://second:2\n\
+             users:\n- name: u1\n  user:\n    tokenFile: tok\n",
+        )
+        .unwrap();
+        let paths = vec![a.join("config"), root.join("missing"), b.join("config")];
+        let r = load_merged(&paths, None).unwrap();
+        assert_eq!(r.server, "http://first:1", "the first definition of c1");
+        assert_eq!(r.namespace.as_deref(), Some("ns-a"));
+        assert_eq!(
+            r.token_file,
+            Some(b.join("tok")),
+            "relative to its own file"
+        );
+        // A context only the second file could name is still found by name.
+        let e = load_merged(&paths, Some("dev")).unwrap_err();
+        assert!(e.message.contains("context \"dev\" not found"), "{e}");
+        // Nothing exists: one error naming the list.
+        let gone = vec![root.join("x"), root.join("y")];
+        let e = load_merged(&gone, None).unwrap_err();
+        assert!(e.message.contains("none of these files exists"), "{e}");
+        assert!(e.path.contains(':'), "{e}");
+        // A single configured file must exist.
+        assert!(load(&root.join("x"), None).is_err());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn kubeconfig_env_lists_its_files_and_home_only_if_it_exists() {
+        let env = |k: &str| (k == ENV_KUBECONFIG).then(|| ":/a/one:/b/two:/a/one".to_string());
+        assert_eq!(
+            env_paths(&env),
+            Some(vec![PathBuf::from("/a/one"), PathBuf::from("/b/two")])
+        );
         let none = |_: &str| None;
-        assert_eq!(env_path(&none), None);
+        assert_eq!(env_paths(&none), None);
+        let empty = |k: &str| (k == ENV_KUBECONFIG).then(|| " : ".to_string());
+        assert_eq!(env_paths(&empty), None);
         assert_eq!(home_path(&none), None);
         let home = |k: &str| (k == "HOME").then(|| "/nonexistent-home".to_string());
         assert_eq!(home_path(&home), None, "only an existing ~/.kube/config");
