@@ -104,10 +104,10 @@ impl AppState {
         // `https://` instances: the CA bundle and client certificate are read now, so that a bad
         // file stops the start instead of failing every request.
         let upstream_tls = match &config.upstream.tls {
-            Some(t) => Some(
-                crate::tls::client::config(t)
+            Some(t) => Some(Arc::new(
+                crate::tls::upstream::UpstreamTls::load(t)
                     .map_err(|e| GatewayError::Internal(format!("upstream.tls: {e}")))?,
-            ),
+            )),
             None => None,
         };
         let client = HttpClient::with_tls(&config.upstream, upstream_tls);
@@ -226,6 +226,12 @@ pub fn spawn_background(
     );
     handles.extend(crate::events::spawn(state, token.clone()));
     handles.extend(crate::live::spawn(state, token.clone()));
+    if let Some(tls) = state.client.tls() {
+        handles.push(tokio::spawn(crate::tls::upstream::watch(
+            tls.clone(),
+            token.clone(),
+        )));
+    }
     handles.push(tokio::spawn(crate::auth::reload_loop(
         state.auth.clone(),
         state.config.auth.clone(),

@@ -68,6 +68,8 @@ pub const CONNECTIONS_EVICTED: &str = "kvgate_connections_evicted_total";
 pub const TLS_HANDSHAKE_FAILURES: &str = "kvgate_tls_handshake_failures_total";
 /// Reloads of the listener's certificate and key, by outcome (`ok` or `error`).
 pub const TLS_RELOADS: &str = "kvgate_tls_cert_reloads_total";
+/// Reloads of `[upstream.tls]` files (CA bundle, client certificate), by outcome.
+pub const UPSTREAM_TLS_RELOADS: &str = "kvgate_upstream_tls_reloads_total";
 /// Request body bytes held in the in-flight body budget, as of the scrape.
 pub const BODY_BUDGET_IN_FLIGHT: &str = "kvgate_body_budget_in_flight_bytes";
 /// Instances of a pool by state (`serving`, `draining`), as of the last membership change.
@@ -164,6 +166,11 @@ pub fn record_tls_handshake_failure(timed_out: bool) {
 /// Counts a certificate reload attempt on a change of the files.
 pub fn record_tls_reload(ok: bool) {
     counter!(TLS_RELOADS, "outcome" => if ok { "ok" } else { "error" }).increment(1);
+}
+
+/// Counts a reload attempt of the `[upstream.tls]` files on a change.
+pub fn record_upstream_tls_reload(ok: bool) {
+    counter!(UPSTREAM_TLS_RELOADS, "outcome" => if ok { "ok" } else { "error" }).increment(1);
 }
 
 /// Sets the connection and body-budget gauges. Set when `/metrics` is scraped, not moved per
@@ -297,6 +304,10 @@ fn build() -> Result<PrometheusHandle, String> {
     describe_counter!(
         TLS_RELOADS,
         "Reloads of the listener's certificate and key after the files changed, by outcome."
+    );
+    describe_counter!(
+        UPSTREAM_TLS_RELOADS,
+        "Reloads of the upstream TLS files (CA bundle, client certificate) after they changed, by outcome."
     );
     describe_gauge!(
         BODY_BUDGET_IN_FLIGHT,

@@ -28,8 +28,12 @@ struct TlsEngine {
 /// Starts a TLS engine with a server certificate from `server_ca`, requiring client
 /// certificates signed by `client_ca` when given.
 async fn tls_engine(server_ca: &pki::Ca, client_ca: Option<&pki::Ca>) -> (TlsEngine, Mock) {
+    tls_engine_with(&server_ca.server(), client_ca).await
+}
+
+/// Starts a TLS engine presenting `leaf`.
+async fn tls_engine_with(leaf: &pki::Leaf, client_ca: Option<&pki::Ca>) -> (TlsEngine, Mock) {
     let mock = Mock::start("tls").await;
-    let leaf = server_ca.server();
     let chain = vec![CertificateDer::from_pem_slice(leaf.cert_pem.as_bytes()).unwrap()];
     let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -149,6 +153,82 @@ async fn an_https_instance_is_reached_with_the_configured_ca() {
     assert!(more < 10, "{more} handshakes for 10 sequential requests");
 }
 
+/// The CA bundle is re-read when it changes: an engine whose CA the gateway did not trust at
+/// start becomes reachable once the bundle names it, without a restart; a bad bundle written
+/// later keeps the good one in force.
+#[tokio::test]
+async fn a_changed_ca_bundle_applies_without_a_restart() {
+    let engines_ca = pki::Ca::new("engines CA");
+    let other = pki::Ca::new("another CA");
+    let dir = pki::dir();
+    let ca_file = pki::write(&dir, "ca.pem", &other.pem);
+    let (engine, _mock) = tls_engine(&engines_ca, None).await;
+    let gw = Gateway::start(with_tls(
+        &engine.url,
+        UpstreamTlsConfig {
+            ca_file: ca_file.clone(),
+            reload_interval_ms: 20,
+            ..Default::default()
+        },
+    ))
+    .await;
+    assert_ne!(complete(&gw, false).await.status(), 200, "untrusted engine");
+    pki::write(&dir, "ca.pem", &engines_ca.pem);
+    assert!(
+        eventually(10, || usable(&gw)).await,
+        "the new CA bundle was not taken up"
+    );
+    assert_eq!(complete(&gw, false).await.status(), 200);
+    // A broken bundle is refused; the one in force stays.
+    pki::write(&dir, "ca.pem", "not a certificate");
+    let gw_ref = &gw;
+    assert!(
+        eventually_async(10, || async move {
+            gw_ref
+                .get_text("/metrics")
+                .await
+                .contains("kvgate_upstream_tls_reloads_total{outcome=\"error\"}")
+        })
+        .await,
+        "the bad bundle was not counted"
+    );
+    assert_eq!(complete(&gw, false).await.status(), 200);
+}
+
+/// `server_name`: an engine reached by IP whose certificate names only a DNS name is verified
+/// for that name.
+#[tokio::test]
+async fn server_name_verifies_engines_for_the_configured_name() {
+    let ca = pki::Ca::new("engines CA");
+    let dir = pki::dir();
+    let ca_file = pki::write(&dir, "ca.pem", &ca.pem);
+    let (engine, _mock) = tls_engine_with(&ca.server_for(&["engines.inference.svc"]), None).await;
+    let by_ip = Gateway::start(with_tls(
+        &engine.url,
+        UpstreamTlsConfig {
+            ca_file: ca_file.clone(),
+            ..Default::default()
+        },
+    ))
+    .await;
+    assert_ne!(
+        complete(&by_ip, false).await.status(),
+        200,
+        "the certificate does not name 127.0.0.1"
+    );
+    let named = Gateway::start(with_tls(
+        &engine.url,
+        UpstreamTlsConfig {
+            ca_file,
+            server_name: Some("engines.inference.svc".into()),
+            ..Default::default()
+        },
+    ))
+    .await;
+    assert!(eventually(10, || usable(&named)).await);
+    assert_eq!(complete(&named, false).await.status(), 200);
+}
+
 #[tokio::test]
 async fn mutual_tls_presents_the_gateway_certificate() {
     let server_ca = pki::Ca::new("engines CA");
@@ -164,6 +244,7 @@ async fn mutual_tls_presents_the_gateway_certificate() {
             ca_file: ca_file.clone(),
             cert_file: Some(cert_file),
             key_file: Some(key_file),
+            ..Default::default()
         },
     ))
     .await;
@@ -232,6 +313,7 @@ async fn bad_settings_and_files_stop_the_start() {
         ca_file: "/ca.pem".into(),
         cert_file: Some("/c.pem".into()),
         key_file: None,
+        ..Default::default()
     });
     assert!(c
         .validate()
@@ -274,6 +356,7 @@ async fn bad_settings_and_files_stop_the_start() {
         ca_file: pki::write(&dir, "ca.pem", &ca.pem),
         cert_file: Some(cert_file.clone()),
         key_file: Some(other_key),
+        ..Default::default()
     });
     let e = kvgate::app::AppState::new(c)
         .err()

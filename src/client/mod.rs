@@ -154,8 +154,9 @@ struct Settings {
     idle_timeout: Duration,
     /// Whether a request fully written on a connection that then closed unanswered is sent again.
     resend_written: bool,
-    /// Connects `https://` instances (`[upstream.tls]`); `None`: they cannot be reached.
-    tls: Option<tokio_rustls::TlsConnector>,
+    /// Connects `https://` instances (`[upstream.tls]`, reloaded); `None`: they cannot be
+    /// reached.
+    tls: Option<Arc<crate::tls::upstream::UpstreamTls>>,
 }
 
 static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
@@ -166,8 +167,11 @@ impl HttpClient {
         Self::with_tls(cfg, None)
     }
 
-    /// A client that also reaches `https://` instances with `tls` (see [`crate::tls::client`]).
-    pub fn with_tls(cfg: &UpstreamConfig, tls: Option<Arc<rustls::ClientConfig>>) -> Self {
+    /// A client that also reaches `https://` instances with `tls` (see [`crate::tls::upstream`]).
+    pub fn with_tls(
+        cfg: &UpstreamConfig,
+        tls: Option<Arc<crate::tls::upstream::UpstreamTls>>,
+    ) -> Self {
         Self {
             settings: Arc::new(Settings {
                 id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
@@ -175,7 +179,7 @@ impl HttpClient {
                 max_idle_per_host: cfg.pool_max_idle_per_host,
                 idle_timeout: Duration::from_millis(cfg.pool_idle_timeout_ms),
                 resend_written: cfg.idempotent_requests,
-                tls: tls.map(tokio_rustls::TlsConnector::from),
+                tls,
             }),
         }
     }
@@ -261,14 +265,17 @@ impl HttpClient {
             if !tls {
                 return Ok(Stream::Plain(stream));
             }
-            let Some(connector) = &s.tls else {
+            let Some(tls) = &s.tls else {
                 return Err(fail("an https:// instance, but no [upstream.tls]".into()));
             };
-            let host = authority
-                .rsplit_once(':')
-                .map_or(authority, |(h, _)| h)
-                .trim_start_matches('[')
-                .trim_end_matches(']');
+            let connector = tls.connector();
+            let host = tls.server_name().unwrap_or_else(|| {
+                authority
+                    .rsplit_once(':')
+                    .map_or(authority, |(h, _)| h)
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+            });
             let name = rustls::pki_types::ServerName::try_from(host.to_string())
                 .map_err(|e| fail(format!("not a TLS server name: {e}")))?;
             // Boxed: the handshake's state is large, and every request's future would carry
@@ -296,6 +303,11 @@ impl HttpClient {
                 idle_timeout: s.idle_timeout,
             },
         ))
+    }
+
+    /// The upstream TLS in force (reloaded by [`crate::tls::upstream::watch`]), if any.
+    pub fn tls(&self) -> Option<&Arc<crate::tls::upstream::UpstreamTls>> {
+        self.settings.tls.as_ref()
     }
 
     /// `GET path` on `authority` (over TLS with `tls`; sent with `host`), reading at most

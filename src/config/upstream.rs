@@ -34,7 +34,7 @@ pub struct UpstreamConfig {
 }
 
 /// `[upstream.tls]`: TLS to `https://` instances (health checks and scrapes included).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct UpstreamTlsConfig {
     /// PEM CA certificates that instances' certificates must chain to (the system's roots are
@@ -45,6 +45,24 @@ pub struct UpstreamTlsConfig {
     pub cert_file: Option<String>,
     /// PEM private key of `cert_file`.
     pub key_file: Option<String>,
+    /// The name instances' certificates are verified for, instead of each URL's host (for
+    /// instances reached by IP whose certificates name a DNS name, e.g. a Service's).
+    pub server_name: Option<String>,
+    /// How often the files are checked; changed files are read again and apply to new
+    /// connections (a bad new set keeps the old one).
+    pub reload_interval_ms: u64,
+}
+
+impl Default for UpstreamTlsConfig {
+    fn default() -> Self {
+        Self {
+            ca_file: String::new(),
+            cert_file: None,
+            key_file: None,
+            server_name: None,
+            reload_interval_ms: 10_000,
+        }
+    }
 }
 
 impl UpstreamTlsConfig {
@@ -56,6 +74,20 @@ impl UpstreamTlsConfig {
                 "upstream.tls.ca_file",
                 "required with [upstream.tls]",
             ));
+        }
+        if self.reload_interval_ms == 0 || self.reload_interval_ms > 3_600_000 {
+            return Err(super::invalid(
+                "upstream.tls.reload_interval_ms",
+                "must be between 1 and 3600000",
+            ));
+        }
+        if let Some(n) = &self.server_name {
+            if rustls::pki_types::ServerName::try_from(n.as_str()).is_err() {
+                return Err(super::invalid(
+                    "upstream.tls.server_name",
+                    "a DNS name or an IP address",
+                ));
+            }
         }
         match (&self.cert_file, &self.key_file) {
             (Some(_), None) => Err(super::invalid(

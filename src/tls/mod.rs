@@ -1,6 +1,6 @@
 //! TLS with rustls over the `ring` provider: on the listener, the server config ([`server`])
 //! and its certificate reloading ([`reload`]); to `https://` instances, the upstream client's
-//! config ([`client`]); PEM loading ([`pem`]).
+//! config ([`client`]) and its reloading ([`upstream`]); PEM loading ([`pem`]).
 //!
 //! Invariants:
 //! - Only TLS 1.2 and 1.3, with rustls' default (safe) cipher suites of the `ring` provider.
@@ -10,6 +10,7 @@ pub mod client;
 pub mod pem;
 pub mod reload;
 pub mod server;
+pub mod upstream;
 
 use std::sync::Arc;
 

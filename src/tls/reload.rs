@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 /// What a check saw of one file: modification time, size and inode. The time alone misses a
 /// rewrite within the file system's timestamp granularity; a rename also changes the inode.
-type Stamp = Option<(SystemTime, u64, u64)>;
+pub(super) type Stamp = Option<(SystemTime, u64, u64)>;
 
 /// What the last check saw of the files.
 #[derive(PartialEq, Eq, Clone, Copy)]
@@ -48,7 +48,7 @@ impl std::fmt::Debug for Reloading {
     }
 }
 
-fn mtime(path: &str) -> Stamp {
+pub(super) fn mtime(path: &str) -> Stamp {
     let m = std::fs::metadata(path).ok()?;
     #[cfg(unix)]
     let ino = std::os::unix::fs::MetadataExt::ino(&m);

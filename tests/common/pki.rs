@@ -51,6 +51,11 @@ impl Ca {
         )
     }
 
+    /// A server certificate for `names` only.
+    pub fn server_for(&self, names: &[&str]) -> Leaf {
+        self.leaf(names, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
     /// A client certificate.
     pub fn client(&self, name: &str) -> Leaf {
         self.leaf(&[name], ExtendedKeyUsagePurpose::ClientAuth)
