@@ -66,7 +66,8 @@
 //!   instance with `kv_events`, started with the background tasks, shown in `/admin/index`.
 //! - [`tls`] — rustls on the listener: TLS 1.2/1.3, ALPN `h2` and `http/1.1`, client
 //!   certificates, certificate reloading; and the upstream client's config for `https://`
-//!   instances (CA bundle, optional client certificate).
+//!   instances (CA bundle, optional client certificate, optional verified name), re-read when
+//!   its files change.
 //! - [`metrics`] — every metric name, help text and bucket set.
 //! - [`config`] — one typed [`config::Config`]; defaults in one place; TOML < `KVGATE_*` env < flags.
 //! - [`alloc`] — the binaries' global allocator (mimalloc through its unaligned fast paths).
