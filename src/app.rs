@@ -1,7 +1,11 @@
 //! Application wiring: shared state, the HTTP router and the serve loop with graceful shutdown.
 //!
 //! Invariants:
-//! - [`run`] takes an already bound listener, so tests bind `127.0.0.1:0` and read the port.
+//! - [`run`] takes an already bound listener, so tests bind `127.0.0.1:0` and read the port
+//!   ([`run_with_admin`] the admin listener too, when `server.admin_listen` is set).
+//! - With `server.admin_listen` the admin surface (`/admin/*`, `/metrics`) is served only by
+//!   [`admin_router`] on that listener; [`router`] answers it 404. `/health` and `/ready` are on
+//!   both.
 //! - After the shutdown future resolves the listener stops accepting; in-flight requests and streams
 //!   get `server.shutdown_grace_ms` to finish, then [`run`] returns and drops what is left.
 //! - Background tasks (health checks, scrapes, model refresh, index expiry, metrics upkeep) live
@@ -54,6 +58,10 @@ pub struct Shared {
     pub offload: crate::proxy::offload::Offload,
     /// `[server.limits]` in force: deadlines, the connection cap, the body budget.
     pub limits: proxy::limits::Limits,
+    /// The admin listener's own limits (the same `[server.limits]`, a connection cap of its
+    /// own, so that a flood on the main listener cannot take the admin listener's places);
+    /// `None` without `server.admin_listen`.
+    pub admin_limits: Option<proxy::limits::Limits>,
     /// Client API keys (`[auth]`), reloaded in place.
     pub auth: Arc<crate::auth::Keys>,
     /// The token `/admin/*` and `/metrics` need, if any.
@@ -115,6 +123,10 @@ impl AppState {
         let request_id_header = HeaderName::from_bytes(config.server.request_id_header.as_bytes())
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         let limits = proxy::limits::Limits::new(&config.server);
+        let admin_limits = config
+            .server
+            .has_admin_listener()
+            .then(|| proxy::limits::Limits::new(&config.server));
         let env_keys = std::env::var(crate::auth::ENV_KEYS).ok();
         let auth = crate::auth::Keys::load(&config.auth, env_keys.as_deref())
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
@@ -131,6 +143,7 @@ impl AppState {
         ));
         Ok(AppState(Arc::new(Shared {
             limits,
+            admin_limits,
             auth,
             admin_token,
             rate_limits,
@@ -182,10 +195,10 @@ impl AppState {
     }
 }
 
-/// The HTTP routes.
-pub fn router(state: AppState) -> axum::Router {
-    // Behind the admin token, when one is set: what reveals the fleet, the decisions and the load.
-    let guarded = axum::Router::new()
+/// The admin surface: what reveals the fleet, the decisions and the load, behind the admin
+/// token when one is set.
+fn guarded_routes(state: &AppState) -> axum::Router<AppState> {
+    axum::Router::new()
         .route("/metrics", get(admin::metrics))
         .route("/admin/instances", get(admin::instances))
         .route("/admin/decisions", get(admin::decisions))
@@ -195,14 +208,31 @@ pub fn router(state: AppState) -> axum::Router {
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             admin::require_admin_token,
-        ));
-    axum::Router::new()
-        .merge(guarded)
-        .route("/v1/chat/completions", post(proxy::chat))
+        ))
+}
+
+/// The main listener's routes: the proxied endpoints, `/v1/models`, the probes and, unless
+/// `server.admin_listen` is set (then they answer 404 here), the admin surface.
+pub fn router(state: AppState) -> axum::Router {
+    let mut r = axum::Router::new();
+    if !state.config.server.has_admin_listener() {
+        r = r.merge(guarded_routes(&state));
+    }
+    r.route("/v1/chat/completions", post(proxy::chat))
         .route("/v1/completions", post(proxy::completions))
         .route("/v1/embeddings", post(proxy::embeddings))
         .route("/v1/responses", post(proxy::responses))
         .route("/v1/models", get(admin::models))
+        .route("/health", get(admin::health))
+        .route("/ready", get(admin::ready))
+        .fallback(admin::not_found)
+        .with_state(state)
+}
+
+/// The admin listener's routes (`server.admin_listen`): the admin surface and the probes;
+/// everything else, the inference endpoints included, answers 404.
+pub fn admin_router(state: AppState) -> axum::Router {
+    guarded_routes(&state)
         .route("/health", get(admin::health))
         .route("/ready", get(admin::ready))
         .fallback(admin::not_found)
@@ -348,4 +378,15 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     crate::proxy::server::run(listener, state, 1, shutdown).await
+}
+
+/// [`run`] with the admin listener (`server.admin_listen`) already bound, so that tests bind
+/// `127.0.0.1:0` for it too and read its port.
+pub async fn run_with_admin(
+    listener: TcpListener,
+    admin: TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    crate::proxy::server::run_with_admin(listener, Some(admin), state, 1, shutdown).await
 }

@@ -12,9 +12,11 @@
 //! - `src/main.rs` — the `kvgate` binary: flags, config loading, logging, signals; `kvgate sim`
 //!   runs the engine simulator; `kvgate healthcheck` probes a running gateway (container
 //!   `HEALTHCHECK`).
-//! - [`app`] — [`app::AppState`], [`app::router`] (admin surface and the proxied routes) and
-//!   [`app::run`] (serve a bound listener until a shutdown future resolves, then drain for the
-//!   grace period, through the binary's own serving path); starts the background tasks
+//! - [`app`] — [`app::AppState`], [`app::router`] (admin surface and the proxied routes; with
+//!   `server.admin_listen` the admin surface only on [`app::admin_router`], served on that
+//!   second listener) and [`app::run`] (serve a bound listener until a shutdown future
+//!   resolves, then drain for the grace period, through the binary's own serving path);
+//!   starts the background tasks
 //!   (health, scrapes, models, index expiry, KV events) and, when enabled, replica gossip.
 //! - [`proxy`] — the OpenAI endpoints: body read once under a limit, routing fields parsed by
 //!   borrowing ([`proxy::parse`] over the validating reader [`proxy::json`]), original bytes

@@ -222,6 +222,13 @@ async fn serve(mut cfg: Config, threads: usize) -> Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}", cfg.server.listen))?;
     let state = kvgate::app::AppState::new(cfg)?;
+    let admin = kvgate::proxy::server::bind_admin(&state).await?;
+    if let Some(a) = &admin {
+        tracing::info!(
+            listen = %a.local_addr()?,
+            "admin listener serving /admin/*, /metrics, /health and /ready (plain HTTP)"
+        );
+    }
     tracing::info!(
         listen = %listener.local_addr()?,
         pools = state.fleet.pools().len(),
@@ -272,12 +279,9 @@ async fn serve(mut cfg: Config, threads: usize) -> Result<()> {
     });
     let stop_all = stop.clone();
     let served =
-        kvgate::proxy::server::run(
-            listener,
-            state,
-            threads,
-            async move { stop.cancelled().await },
-        )
+        kvgate::proxy::server::run_with_admin(listener, admin, state, threads, async move {
+            stop.cancelled().await
+        })
         .await;
     // The HTTP side stopped (a signal, or an error): the picker stops with it.
     stop_all.cancel();

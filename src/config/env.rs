@@ -7,6 +7,8 @@
 pub const CONFIG: &str = "KVGATE_CONFIG";
 /// `server.listen`: socket address to serve on.
 pub const LISTEN: &str = "KVGATE_LISTEN";
+/// `server.admin_listen`: socket address of the admin listener (empty: none).
+pub const ADMIN_LISTEN: &str = "KVGATE_ADMIN_LISTEN";
 /// `server.log_format`: `human` or `json`.
 pub const LOG_FORMAT: &str = "KVGATE_LOG_FORMAT";
 /// `server.log_filter`: a `tracing` filter directive such as `info` or `kvgate=debug`.
@@ -65,6 +67,7 @@ pub const EVICT_IDLE_AT_CAPACITY: &str = "KVGATE_EVICT_IDLE_AT_CAPACITY";
 /// All variables applied as config overrides, in the order they are applied.
 pub const OVERRIDES: &[&str] = &[
     LISTEN,
+    ADMIN_LISTEN,
     LOG_FORMAT,
     LOG,
     BODY_LIMIT_BYTES,

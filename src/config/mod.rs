@@ -150,6 +150,9 @@ impl Config {
         if let Some(v) = lookup(env::LISTEN) {
             self.server.listen = v;
         }
+        if let Some(v) = lookup(env::ADMIN_LISTEN) {
+            self.server.admin_listen = v;
+        }
         if let Some(v) = lookup(env::PICKER_LISTEN) {
             self.picker.listen = v;
         }
@@ -289,6 +292,26 @@ impl Config {
                 "server.listen",
                 format!("`{}` is not a socket address like 127.0.0.1:8080", s.listen),
             ));
+        }
+        if !s.admin_listen.is_empty() {
+            match s.admin_listen.parse::<std::net::SocketAddr>() {
+                Err(_) => {
+                    return Err(invalid(
+                        "server.admin_listen",
+                        format!(
+                            "`{}` is not a socket address like 127.0.0.1:9091 (empty: no admin listener)",
+                            s.admin_listen
+                        ),
+                    ))
+                }
+                Ok(a) if a.port() != 0 && s.listen.parse().ok() == Some(a) => {
+                    return Err(invalid(
+                        "server.admin_listen",
+                        "must differ from server.listen",
+                    ))
+                }
+                Ok(_) => {}
+            }
         }
         // Bodies are reserved in the in-flight body budget in one piece (at most u32::MAX).
         if s.body_limit_bytes == 0 || s.body_limit_bytes > u32::MAX as usize {
@@ -566,6 +589,24 @@ mod tests {
     }
 
     #[test]
+    fn admin_listen_is_empty_or_another_socket_address() {
+        let mut c = Config::default();
+        assert!(c.server.admin_listen.is_empty());
+        c.server.admin_listen = "127.0.0.1:9091".into();
+        c.validate().unwrap();
+        c.server.admin_listen = "localhost".into();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("server.admin_listen"), "{e}");
+        c.server.admin_listen = c.server.listen.clone();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("must differ"), "{e}");
+        // Ephemeral ports (tests) may be written alike.
+        c.server.listen = "127.0.0.1:0".into();
+        c.server.admin_listen = "127.0.0.1:0".into();
+        c.validate().unwrap();
+    }
+
+    #[test]
     fn env_overrides_apply_and_bad_values_name_the_variable() {
         let vars: HashMap<&str, &str> = [
             (env::LISTEN, "0.0.0.0:9000"),
@@ -587,6 +628,7 @@ mod tests {
             (env::PICKER_ENABLED, "true"),
             (env::PICKER_LISTEN, "0.0.0.0:9100"),
             (env::EVICT_IDLE_AT_CAPACITY, "false"),
+            (env::ADMIN_LISTEN, "127.0.0.1:9091"),
         ]
         .into();
         let mut c = Config::default();
@@ -598,6 +640,7 @@ mod tests {
             ["old-secret-0123456789", "older-secret-0123456"]
         );
         assert_eq!(c.server.listen, "0.0.0.0:9000");
+        assert_eq!(c.server.admin_listen, "127.0.0.1:9091");
         assert!(c.picker.enabled);
         assert_eq!(c.picker.listen, "0.0.0.0:9100");
         assert_eq!(c.server.log_format, LogFormat::Json);

@@ -31,6 +31,11 @@ impl std::str::FromStr for LogFormat {
 pub struct ServerConfig {
     /// Socket address the gateway listens on.
     pub listen: String,
+    /// A second socket address serving only the admin surface (`/admin/*`, `/metrics`, plus
+    /// `/health` and `/ready`), plain HTTP. Set: the main listener answers `/admin/*` and
+    /// `/metrics` 404. Empty: the admin surface is on the main listener (behind the admin token,
+    /// when one is set).
+    pub admin_listen: String,
     /// Largest accepted request body; bigger bodies get 413 without being read.
     pub body_limit_bytes: usize,
     /// After SIGTERM/SIGINT: how long in-flight requests and streams may still finish.
@@ -58,6 +63,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:8080".to_string(),
+            admin_listen: String::new(),
             body_limit_bytes: 32 * 1024 * 1024,
             shutdown_grace_ms: 30_000,
             drain_delay_ms: 0,
@@ -68,6 +74,13 @@ impl Default for ServerConfig {
             limits: LimitsConfig::default(),
             tls: None,
         }
+    }
+}
+
+impl ServerConfig {
+    /// True when `admin_listen` moves the admin surface to a listener of its own.
+    pub fn has_admin_listener(&self) -> bool {
+        !self.admin_listen.is_empty()
     }
 }
 

@@ -20,8 +20,14 @@
 //!   the handshake, ALPN `h2` goes to hyper's HTTP/2, anything else to the HTTP/1.1 loop.
 //! - Certificates are re-read on `server.tls.reload_interval_ms` by a task on the caller's
 //!   runtime (see [`crate::tls::reload`]); open connections keep the pair they shook hands with.
-//! - Shutdown: the acceptor stops accepting, every worker drains its connections for up to
-//!   `server.shutdown_grace_ms`, then drops what is left; [`run`] returns once every worker exited.
+//! - With `server.admin_listen` a second acceptor serves the admin listener on the same workers:
+//!   plain HTTP (never TLS), the admin router only ([`GatewayService::admin`]), under the same
+//!   `[server.limits]` with a connection cap of its own (`AppState::admin_limits`), so a flood
+//!   on the main listener cannot take its places.
+//! - Shutdown: the acceptors stop accepting (the admin one too, after the same drain delay),
+//!   every worker drains its connections (of both listeners) for up to
+//!   `server.shutdown_grace_ms`, then drops what is left; [`run`] returns once every worker
+//!   exited.
 
 use super::h1;
 use super::limits::ConnectionPermit;
@@ -40,14 +46,55 @@ use tokio_util::sync::CancellationToken;
 
 /// Serves `state` on `listener` with `threads` single-threaded worker runtimes until `shutdown`
 /// resolves, then drains for the grace period. Must be called from within a Tokio runtime, which
-/// runs the acceptor and the background tasks.
+/// runs the acceptor and the background tasks. With `server.admin_listen` set the admin
+/// listener is bound here; see [`run_with_admin`] to pass one already bound.
 pub async fn run(
     listener: TcpListener,
     state: AppState,
     threads: usize,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    run_with_admin(listener, None, state, threads, shutdown).await
+}
+
+/// Binds `server.admin_listen`, when set.
+pub async fn bind_admin(state: &AppState) -> std::io::Result<Option<TcpListener>> {
+    let addr = &state.config.server.admin_listen;
+    if addr.is_empty() {
+        return Ok(None);
+    }
+    let backlog = state.config.server.limits.listen_backlog;
+    super::limits::listen::bind(addr, backlog)
+        .await
+        .map(Some)
+        .map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("cannot listen on {addr} (server.admin_listen): {e}"),
+            )
+        })
+}
+
+/// [`run`], with the admin listener (`server.admin_listen`) already bound: `admin` must be
+/// given exactly when `server.admin_listen` is set (`None` then binds it here).
+pub async fn run_with_admin(
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    state: AppState,
+    threads: usize,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let threads = threads.max(1);
+    let admin = match admin {
+        Some(_) if !state.config.server.has_admin_listener() => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "an admin listener was given but server.admin_listen is empty",
+            ))
+        }
+        Some(l) => Some(l),
+        None => bind_admin(&state).await?,
+    };
     let tls = match &state.config.server.tls {
         Some(c) => Some(Handshakes {
             tls: ServerTls::new(c).map_err(|e| {
@@ -91,36 +138,22 @@ pub async fn run(
         workers.push(done_rx);
     }
 
-    let mut accept = Box::pin(async {
-        let mut next = 0usize;
-        loop {
-            let (stream, _) = match listener.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    // Out of descriptors and the like: back off instead of spinning.
-                    tracing::warn!("accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            // A plain connection waits for its first request from now; a TLS one is busy with
-            // its handshake until its serving loop begins.
-            let Some(permit) = state.limits.admit(tls.is_none()) else {
-                if tls.is_some() {
-                    metrics::record_connection_closed(CloseReason::OverCapacity);
-                } else {
-                    state.limits.refuse(stream);
-                }
-                continue;
-            };
-            state.limits.configure(&stream);
-            let Ok(std) = stream.into_std() else { continue };
-            if senders[next % threads].send((std, permit)).is_err() {
-                tracing::warn!("serving thread {} is gone", next % threads);
+    let public = accept_loop(
+        &listener,
+        &state.limits,
+        tls.is_some(),
+        Surface::Main,
+        &senders,
+    );
+    let admin_loop = async {
+        match (&admin, &state.admin_limits) {
+            (Some(l), Some(limits)) => {
+                accept_loop(l, limits, false, Surface::Admin, &senders).await
             }
-            next = next.wrapping_add(1);
+            _ => std::future::pending().await,
         }
-    });
+    };
+    let mut accept = Box::pin(async { tokio::join!(public, admin_loop) });
     tokio::select! {
         _ = &mut accept => {}
         _ = shutdown => {}
@@ -141,6 +174,7 @@ pub async fn run(
     tracing::info!("shutdown requested: no new connections; draining in-flight requests");
     drop(accept);
     drop(listener);
+    drop(admin);
     drop(senders);
     token.cancel();
     for done in workers {
@@ -155,6 +189,59 @@ pub async fn run(
     Ok(())
 }
 
+/// Which listener a connection came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Surface {
+    /// `server.listen`: the proxied endpoints (and the admin surface without an admin listener).
+    Main,
+    /// `server.admin_listen`: the admin surface only.
+    Admin,
+}
+
+/// A connection handed to a worker: its socket, its place under its listener's cap, and the
+/// listener it came from.
+type Handed = (std::net::TcpStream, ConnectionPermit, Surface);
+
+/// Accepts on `listener` forever, each connection under `limits`' cap, handing them round-robin
+/// to the workers.
+async fn accept_loop(
+    listener: &TcpListener,
+    limits: &super::limits::Limits,
+    tls: bool,
+    surface: Surface,
+    senders: &[mpsc::UnboundedSender<Handed>],
+) {
+    let mut next = 0usize;
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of descriptors and the like: back off instead of spinning.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // A plain connection waits for its first request from now; a TLS one is busy with its
+        // handshake until its serving loop begins.
+        let Some(permit) = limits.admit(!tls) else {
+            if tls {
+                metrics::record_connection_closed(CloseReason::OverCapacity);
+            } else {
+                limits.refuse(stream);
+            }
+            continue;
+        };
+        limits.configure(&stream);
+        let Ok(std) = stream.into_std() else { continue };
+        let at = next % senders.len();
+        if senders[at].send((std, permit, surface)).is_err() {
+            tracing::warn!("serving thread {at} is gone");
+        }
+        next = next.wrapping_add(1);
+    }
+}
+
 /// The listener's TLS and its handshake bound.
 #[derive(Clone)]
 struct Handshakes {
@@ -167,7 +254,7 @@ struct Handshakes {
 /// (HTTP/1.1, or HTTP/2 with prior knowledge) at its first request that loop does not serve;
 /// under TLS, after its handshake, unless ALPN chose HTTP/2 (straight to hyper).
 async fn worker(
-    mut incoming: mpsc::UnboundedReceiver<(std::net::TcpStream, ConnectionPermit)>,
+    mut incoming: mpsc::UnboundedReceiver<Handed>,
     state: AppState,
     token: CancellationToken,
     grace: Duration,
@@ -199,8 +286,12 @@ async fn worker(
         http2,
         drain: token.clone(),
     };
+    let admin = h1::Connections {
+        service: GatewayService::admin(state.clone()),
+        ..conns.clone()
+    };
     loop {
-        let (std, permit) = tokio::select! {
+        let (std, permit, surface) = tokio::select! {
             s = incoming.recv() => match s {
                 Some(s) => s,
                 None => break,
@@ -210,6 +301,10 @@ async fn worker(
         let Ok(stream) = TcpStream::from_std(std) else {
             continue;
         };
+        if surface == Surface::Admin {
+            tokio::spawn(h1::serve(stream, admin.clone(), graceful.watcher(), permit));
+            continue;
+        }
         match &tls {
             None => {
                 tokio::spawn(h1::serve(stream, conns.clone(), graceful.watcher(), permit));
@@ -240,7 +335,7 @@ async fn worker(
             }
         }
     }
-    drop(conns);
+    drop((conns, admin));
     // Every connection holds a watcher until it ends, so this waits for all of them.
     tokio::select! {
         _ = graceful.shutdown() => {}

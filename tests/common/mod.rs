@@ -321,6 +321,8 @@ pub fn config_for(urls: &[String]) -> Config {
 /// A running gateway.
 pub struct Gateway {
     pub addr: SocketAddr,
+    /// The admin listener's address, when `server.admin_listen` is set (bound on port 0).
+    pub admin_addr: Option<SocketAddr>,
     pub state: kvgate::app::AppState,
     stop: Option<oneshot::Sender<()>>,
     pub join: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
@@ -338,11 +340,23 @@ impl Gateway {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel::<()>();
-        let join = tokio::spawn(kvgate::app::run(listener, state.clone(), async move {
+        let stop = async move {
             let _ = rx.await;
-        }));
+        };
+        let (join, admin_addr) = if state.config.server.has_admin_listener() {
+            let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let admin_addr = admin.local_addr().unwrap();
+            let run = kvgate::app::run_with_admin(listener, admin, state.clone(), stop);
+            (tokio::spawn(run), Some(admin_addr))
+        } else {
+            (
+                tokio::spawn(kvgate::app::run(listener, state.clone(), stop)),
+                None,
+            )
+        };
         Gateway {
             addr,
+            admin_addr,
             state,
             stop: Some(tx),
             join: Some(join),
@@ -351,6 +365,12 @@ impl Gateway {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
+    }
+
+    /// `path` on the admin listener (panics without one).
+    pub fn admin_url(&self, path: &str) -> String {
+        let addr = self.admin_addr.expect("server.admin_listen set");
+        format!("http://{addr}{path}")
     }
 
     /// The body of `GET path`, as text.

@@ -13,10 +13,19 @@ independent ZMQ subscriber, and checks with numbers:
 4. after vLLM restarts (sequence back to 0, no AllBlocksCleared), kvgate stops crediting the old
    blocks;
 5. chat through kvgate with the official `openai` client, streaming and not, and chat requests
-   credited in token mode (tokenizer.json + chat template) as vLLM reports.
+   credited in token mode (tokenizer.json + chat template) as vLLM reports;
+6. tenant cache isolation: a second kvgate with API keys, tenant `a` isolated (`cache_salt` set
+   on its requests) and its admin surface on a separate listener (`server.admin_listen`; the
+   main listener answers `/admin/*` 404). Tenant a's repeat of a long prompt gets cached tokens
+   from vLLM and the same match from kvgate, from vLLM's events of the salted chain alone;
+   tenant b sending the same prompt gets 0 cached tokens from vLLM and no matched block from
+   kvgate (its decision log and `x-kvgate-matched-blocks`); b's own repeat hits its own cache.
+   kvgate's event-sourced entries equal vLLM's live blocks after each request. TTFTs of the
+   four streamed requests are printed.
 """
 
 import argparse
+import http.client
 import json
 import os
 import random
@@ -143,6 +152,8 @@ class World:
         self.kvgate = None
         self.vllm_url = f"http://127.0.0.1:{self.vllm_port}"
         self.kvgate_url = f"http://127.0.0.1:{self.kvgate_port}"
+        # Where /admin/* is served: the main listener, until a kvgate with `admin_listen` runs.
+        self.admin_url = self.kvgate_url
         self.rid = 0
 
     # --- processes -------------------------------------------------------------------------
@@ -175,18 +186,20 @@ class World:
                 os.killpg(self.vllm.pid, signal.SIGKILL)
                 self.vllm.wait()
 
-    def start_kvgate(self):
+    def start_kvgate(self, extra_server="", extra="", ttl_ms=TTL_MS):
         d = self.args.model_dir
         cfg = f"""
 [server]
 listen = "127.0.0.1:{self.kvgate_port}"
+{extra_server}
 
 [routing]
 hash_mode = "token"
-predicted_ttl_ms = {TTL_MS}
+predicted_ttl_ms = {ttl_ms}
 
 [events]
 replay_timeout_ms = 5000
+{extra}
 
 [[pools]]
 model = "{MODEL}"
@@ -214,15 +227,18 @@ kv_replay = "tcp://127.0.0.1:{self.replay_port}"
         wait_until("kvgate events connected",
                    lambda: all(s.get("connected") for s in self.kvgate_events()), timeout=30)
 
-    def stop_all(self):
+    def stop_kvgate(self):
         if self.kvgate and self.kvgate.poll() is None:
             os.killpg(self.kvgate.pid, signal.SIGTERM)
             self.kvgate.wait(30)
+
+    def stop_all(self):
+        self.stop_kvgate()
         self.stop_vllm()
 
     # --- observations ----------------------------------------------------------------------
     def kvgate_index(self):
-        return http_json(self.kvgate_url + "/admin/index")
+        return http_json(self.admin_url + "/admin/index")
 
     def kvgate_events(self):
         ev = self.kvgate_index().get("events")
@@ -242,7 +258,7 @@ kv_replay = "tcp://127.0.0.1:{self.replay_port}"
         return total
 
     def decision(self, rid):
-        for d in reversed(http_json(self.kvgate_url + "/admin/decisions")["decisions"]):
+        for d in reversed(http_json(self.admin_url + "/admin/decisions")["decisions"]):
             if d["request_id"] == rid:
                 return d
         raise AssertionError(f"no decision logged for {rid}")
@@ -254,6 +270,39 @@ kv_replay = "tcp://127.0.0.1:{self.replay_port}"
         body = {"model": MODEL, "prompt": tokens, "max_tokens": max_tokens, "temperature": 0}
         r = http_json(self.kvgate_url + "/v1/completions", body, {"x-request-id": rid}, timeout=120)
         return rid, r
+
+    def stream_complete(self, tokens, key, max_tokens=2):
+        """A streamed completion through kvgate with API key `key`: (request id, seconds to the
+        first token, the final usage, kvgate's `x-kvgate-matched-blocks`)."""
+        self.rid += 1
+        rid = f"e2e-{self.rid}"
+        body = json.dumps({"model": MODEL, "prompt": tokens, "max_tokens": max_tokens,
+                           "temperature": 0, "stream": True,
+                           "stream_options": {"include_usage": True}})
+        conn = http.client.HTTPConnection("127.0.0.1", self.kvgate_port, timeout=120)
+        started = time.perf_counter()
+        conn.request("POST", "/v1/completions", body=body,
+                     headers={"content-type": "application/json", "x-request-id": rid,
+                              "authorization": f"Bearer {key}"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise AssertionError(f"{rid}: status {resp.status}: {resp.read()[:300]!r}")
+        matched = int(resp.getheader("x-kvgate-matched-blocks", "-1"))
+        ttft, usage = None, None
+        for line in resp:
+            line = line.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            # The first token's chunk (its text may be empty: a partial UTF-8 sequence).
+            if ttft is None and chunk.get("choices"):
+                ttft = time.perf_counter() - started
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+        conn.close()
+        if usage is None:
+            raise AssertionError(f"{rid}: no usage in the stream")
+        return rid, ttft, usage, matched
 
     def chat(self, messages, max_tokens=2):
         self.rid += 1
@@ -372,9 +421,63 @@ def run(args):
         mine = credited(w, rid)
         check(cached > 0 and mine * BLOCK == cached,
               f"5. chat in token mode: kvgate credited {mine} blocks, vLLM cached {cached} tokens")
+
+        # 6. Tenant cache isolation on the real engine, admin surface on its own listener.
+        phase6(w, rec, rng)
         log("all checks passed")
     finally:
         w.stop_all()
+
+
+def phase6(w, rec, rng):
+    keys = os.path.join(w.work, "keys.toml")
+    with open(keys, "w") as f:
+        f.write('[[tenants]]\nname = "a"\ncache = "isolated"\n\n'
+                '[[keys]]\nkey = "e2e-key-of-tenant-a"\ntenant = "a"\n\n'
+                '[[keys]]\nkey = "e2e-key-of-tenant-b"\ntenant = "b"\n')
+    admin_port = free_port()
+    w.stop_kvgate()
+    w.admin_url = f"http://127.0.0.1:{admin_port}"
+    w.start_kvgate(extra_server=f'admin_listen = "127.0.0.1:{admin_port}"',
+                   extra=f'\n[auth]\nenabled = true\nkeys_file = "{keys}"\n')
+    try:
+        http_text(w.kvgate_url + "/admin/decisions")
+        raise AssertionError("6. /admin/decisions answered on the main listener")
+    except urllib.error.HTTPError as e:
+        check(e.code == 404, f"6. the main listener answers /admin/decisions {e.code}")
+    check(http_text(w.admin_url + "/health") == "ok", "6. /health on the admin listener")
+
+    prompt = tokens(rng, 600)
+    full = (len(prompt) // BLOCK) * BLOCK
+    runs = []
+
+    def ask(name, key):
+        r = w.stream_complete(prompt, key)
+        runs.append((name, r))
+        # Each repeat is credited by the KV events alone: kvgate's own prediction has expired.
+        settle(w, rec, f"6. after {name}")
+        time.sleep(2 * TTL_MS / 1000)
+        return r
+
+    ask("a first", "e2e-key-of-tenant-a")
+    ask("a repeat", "e2e-key-of-tenant-a")
+    ask("b first", "e2e-key-of-tenant-b")
+    ask("b repeat", "e2e-key-of-tenant-b")
+    rows = []
+    for name, (rid, ttft, usage, matched) in runs:
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        logged = credited(w, rid)
+        rows.append((cached, matched, logged))
+        log(f"6. {name:9} prompt {usage['prompt_tokens']} tokens, vLLM cached_tokens {cached}, "
+            f"kvgate matched blocks {matched} (decision log {logged}), TTFT {ttft * 1000:.1f} ms")
+    (a1c, a1m, _), (a2c, a2m, a2l), (b1c, b1m, b1l), (b2c, b2m, _) = rows
+    check(a1c == 0 and a1m == 0, "6. tenant a's first request is cold")
+    check(a2c >= full - BLOCK and a2m * BLOCK == a2c and a2l == a2m,
+          f"6. tenant a's repeat hits: {a2c} cached tokens, kvgate matched {a2m} blocks (from events)")
+    check(b1c == 0, f"6. tenant b sending a's prompt gets {b1c} cached tokens from vLLM")
+    check(b1m == 0 and b1l == 0, f"6. kvgate credited tenant b with {b1m} blocks (decision log {b1l})")
+    check(b2c >= full - BLOCK and b2m * BLOCK == b2c,
+          f"6. tenant b's own repeat hits its own cache: {b2c} cached tokens, kvgate matched {b2m} blocks")
 
 
 def main():

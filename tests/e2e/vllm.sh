@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Real-engine test: kvgate's KV event ingestion against vLLM 0.32 for CPU.
+# Real-engine test: kvgate's KV event ingestion, and tenant cache isolation, against vLLM 0.32
+# for CPU (the checks: tests/e2e/check.py).
 #
 # Runs only when KVGATE_E2E_VLLM=1 (CI sets it for the e2e job). Needs Python 3.11 and network
 # access to PyPI the first time; the venv is cached outside the repo (~6 GB, mostly torch's CUDA
@@ -75,7 +76,7 @@ fi
 
 if [[ -z "${KVGATE_BIN:-}" ]]; then
   (cd "$ROOT" && cargo build --release -p kvgate)
-  KVGATE_BIN="$ROOT/target/release/kvgate"
+  KVGATE_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/kvgate"
 fi
 
 start=$(date +%s)

@@ -3,7 +3,9 @@
 //! Invariants:
 //! - Each `BlockStored` is re-hashed with kvgate's token-mode chain, continuing from the parent
 //!   block's *kvgate* hash (looked up through the engine-hash map) or from the namespace root when
-//!   the parent is nil. A block whose parent is unknown cannot be re-hashed and is skipped.
+//!   the parent is nil (model, LoRA name and the chain's `cache_salt`, which vLLM lists among the
+//!   first block's `extra_keys`). A block whose parent is unknown cannot be re-hashed and is
+//!   skipped; so are events with `extra_keys` kvgate cannot reproduce (multimodal inputs).
 //! - The engine-hash map holds exactly the blocks this stream indexed, with copies per tier, and
 //!   never more than `max_tracked_blocks` entries; each store adds one copy to the index, each
 //!   removal takes one away, so the index's event-sourced entries for the stream mirror the map.
@@ -131,7 +133,7 @@ pub struct StreamStatus {
     /// Blocks not indexed because the tracking map was full.
     pub untracked_blocks: u64,
     /// Events skipped: another KV cache group, non-full attention, unknown LoRA, bad token count,
-    /// `extra_keys` kvgate cannot reproduce (cache salt, multimodal inputs).
+    /// `extra_keys` kvgate cannot reproduce (multimodal inputs, prompt embeddings).
     pub ignored_events: u64,
     /// Events of unknown type skipped by the decoder.
     pub unknown_events: u64,
@@ -409,14 +411,24 @@ impl StreamIngest {
             self.status.ignored_events += 1;
             return;
         }
-        let foreign_key = e
-            .extra_key_strings
-            .iter()
-            .any(|k| Some(k.as_str()) != e.lora_name.as_deref());
-        if e.extra_keys_opaque || foreign_key {
-            // cache_salt, multimodal inputs, prompt embeddings: the engine's blocks differ from
-            // what the same tokens hash to in kvgate's namespace, so indexing them would credit
-            // requests the engine would not serve from cache.
+        // vLLM lists, per block, the LoRA name and, on a chain's first block only, the request's
+        // `cache_salt` as strings; multimodal inputs and prompt embeddings are not strings.
+        let mut salt: Option<&str> = None;
+        let mut unknown = e.extra_keys_opaque;
+        for k in &e.extra_key_strings {
+            if Some(k.as_str()) == e.lora_name.as_deref() {
+                continue;
+            }
+            match salt {
+                None if e.parent.is_none() => salt = Some(k),
+                Some(s) if s == k => {}
+                _ => unknown = true,
+            }
+        }
+        if unknown {
+            // Multimodal inputs, prompt embeddings, a string that is neither: the engine's blocks
+            // differ from what the same tokens hash to in kvgate's namespace, so indexing them
+            // would credit requests the engine would not serve from cache.
             self.status.ignored_events += 1;
             return;
         }
@@ -426,6 +438,13 @@ impl StreamIngest {
             return;
         }
         let parent_kv = match e.parent {
+            // A salted chain (an isolated tenant's, or a client's own `cache_salt`) continues
+            // from the root kvgate hashes that salt's requests under, so it credits exactly them.
+            None if salt.is_some() => namespace_root(&Namespace {
+                model: &self.params.model,
+                lora: e.lora_name.as_deref(),
+                cache_salt: salt,
+            }),
             None => self.root_for(e.lora_name.as_deref()),
             Some(p) => match self.map.get(&p) {
                 Some(t) => t.kv,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use common::*;
 use kvgate_core::hash::{token_chain, Namespace};
-use kvgate_core::index::PrefixMatches;
+use kvgate_core::index::{PlacementIndex, PrefixMatches};
 use kvgate_core::InstanceId;
 use kvgate_events::metrics::StreamMetrics;
 use kvgate_events::replay::{ReplayError, Replayer};
@@ -396,8 +396,9 @@ async fn skipped_payloads_advance_the_sequence() {
     assert_eq!(idx.instance_entries(I), 1);
 }
 
-/// A map-encoded `BlockStored` of one block with `extra_keys` `[[keys...]]` and a LoRA name.
-fn with_extra_keys(tokens: &[u32], lora: Option<&str>, keys: &[&str]) -> Vec<u8> {
+/// A map-encoded `BlockStored` of one block (engine hash `hash`) with `extra_keys`
+/// `[[keys...]]` and a LoRA name.
+fn with_extra_keys(hash: u64, tokens: &[u32], lora: Option<&str>, keys: &[&str]) -> Vec<u8> {
     let toks64: Vec<u64> = tokens.iter().map(|&x| u64::from(x)).collect();
     let mut w = W::default()
         .arr(3)
@@ -407,7 +408,7 @@ fn with_extra_keys(tokens: &[u32], lora: Option<&str>, keys: &[&str]) -> Vec<u8>
         .s("type")
         .s("BlockStored")
         .s("block_hashes")
-        .list(&[1])
+        .list(&[hash])
         .s("token_ids")
         .list(&toks64)
         .s("block_size")
@@ -424,17 +425,55 @@ fn with_extra_keys(tokens: &[u32], lora: Option<&str>, keys: &[&str]) -> Vec<u8>
     w.u(0).0
 }
 
+/// Blocks `tokens` credits on `I` when hashed under `lora` and `salt`.
+fn credited_salted(
+    idx: &PlacementIndex,
+    lora: Option<&str>,
+    salt: Option<&str>,
+    tokens: &[u32],
+) -> u32 {
+    let chain = token_chain(
+        &Namespace {
+            model: MODEL,
+            lora,
+            cache_salt: salt,
+        },
+        tokens,
+        BS as usize,
+    );
+    let mut out = PrefixMatches::default();
+    idx.match_prefix(&chain, 1, &mut out);
+    out.get(I).total()
+}
+
 #[test]
-fn salted_blocks_are_not_credited_to_unsalted_prompts() {
+fn salted_blocks_are_credited_only_under_their_salt() {
     let idx = index();
     let mut s = stream(&idx, I);
     let t = toks(0, 4);
-    s.apply_payload(0, &with_extra_keys(&t, None, &["salt-1"]), now())
+    s.apply_payload(0, &with_extra_keys(1, &t, None, &["salt-1"]), now())
         .unwrap();
-    assert_eq!(credited(&idx, I, &t), 0);
+    assert_eq!(credited(&idx, I, &t), 0, "credited to unsalted prompts");
+    assert_eq!(credited_salted(&idx, None, Some("salt-2"), &t), 0);
+    assert_eq!(credited_salted(&idx, None, Some("salt-1"), &t), 1);
+    assert_eq!(s.status().ignored_events, 0);
+    // vLLM also lists the LoRA name among the extra keys, before the salt.
+    let u = toks(40, 4);
+    s.apply_payload(
+        1,
+        &with_extra_keys(2, &u, Some("ad"), &["ad", "salt-1"]),
+        now(),
+    )
+    .unwrap();
+    assert_eq!(credited_salted(&idx, Some("ad"), Some("salt-1"), &u), 1);
+    assert_eq!(credited_salted(&idx, Some("ad"), None, &u), 0);
+    s.apply_payload(2, &with_extra_keys(3, &u, Some("ad"), &["ad"]), now())
+        .unwrap();
+    assert_eq!(credited_salted(&idx, Some("ad"), None, &u), 1);
+    // Two different strings besides the LoRA name: not reproducible, skipped.
+    let v = toks(80, 4);
+    s.apply_payload(3, &with_extra_keys(4, &v, None, &["x", "y"]), now())
+        .unwrap();
     assert_eq!(s.status().ignored_events, 1);
-    // vLLM also lists the LoRA name among the extra keys: that one is understood.
-    s.apply_payload(1, &with_extra_keys(&t, Some("ad"), &["ad"]), now())
-        .unwrap();
-    assert_eq!(idx.instance_entries(I), 1);
+    assert_eq!(idx.instance_entries(I), 3);
 }

@@ -14,6 +14,8 @@
 //!   `Upgrade`, at most [`MAX_HEADERS`] fields in at most [`MAX_HEAD_BYTES`]. At the first other
 //!   request the connection, with every byte read so far, goes to hyper for the rest of its life,
 //!   so hyper's answers (400, 405, 413, 431, admin routes, HTTP/2 with prior knowledge) stand.
+//!   On the admin listener nothing is served here: every request is handed to hyper (the admin
+//!   router), and the connection keeps the admin listener's limits.
 //! - Answers are framed here: `Content-Length` when the body's size is known, chunked otherwise
 //!   (none for 1xx/204/304); framing and connection headers from the handler never pass through.
 //! - While a request is handled (queued, routed, waiting for its answer's head) and while its
@@ -90,8 +92,10 @@ pub async fn serve<S: Wire>(
     mut permit: ConnectionPermit,
 ) {
     let state = conns.service.state();
-    let limits = &state.limits;
+    let limits = conns.service.limits();
     let limit = limits.body_limit;
+    // The admin listener's connections serve nothing here: every request goes to hyper.
+    let direct = conns.service.proxies();
     let rid_name = state.request_id_header.clone();
     let mut buf = BytesMut::with_capacity(READ_RESERVE);
     // The hand-off (hyper's whole connection) and the refusals are boxed where awaited: inline,
@@ -119,7 +123,7 @@ pub async fn serve<S: Wire>(
             let to_hyper = match head::parse(&buf, limit, rid_name.as_str().as_bytes()) {
                 // A complete head beyond the cap goes to hyper too, which answers 431 for it
                 // as for a partial one.
-                Parsed::Serve(h) if h.len <= MAX_HEAD_BYTES => break h,
+                Parsed::Serve(h) if direct && h.len <= MAX_HEAD_BYTES => break h,
                 Parsed::Serve(_) | Parsed::HandOff => true,
                 Parsed::Partial => buf.len() >= MAX_HEAD_BYTES,
             };
@@ -173,7 +177,7 @@ pub async fn serve<S: Wire>(
         // Room in the body budget before the body is buffered.
         let reserved = match limits.budget.reserve(head.body_len).await {
             Ok(r) => r,
-            Err(e) => return Box::pin(refuse(&mut stream, state, endpoint, e)).await,
+            Err(e) => return Box::pin(refuse(&mut stream, state, limits, endpoint, e)).await,
         };
         let total = head.len + head.body_len;
         if buf.len() < total {
@@ -189,7 +193,7 @@ pub async fn serve<S: Wire>(
                         let e = GatewayError::BodyTimeout {
                             timeout_ms: limits.body.as_millis() as u64,
                         };
-                        return Box::pin(refuse(&mut stream, state, endpoint, e)).await;
+                        return Box::pin(refuse(&mut stream, state, limits, endpoint, e)).await;
                     }
                 };
                 match read {
@@ -241,10 +245,16 @@ pub async fn serve<S: Wire>(
 }
 
 /// Answers `e` to a request whose body is not (all) read, and closes the connection.
-async fn refuse<S: Wire>(stream: &mut S, state: &AppState, endpoint: Endpoint, e: GatewayError) {
+async fn refuse<S: Wire>(
+    stream: &mut S,
+    state: &AppState,
+    limits: &limits::Limits,
+    endpoint: Endpoint,
+    e: GatewayError,
+) {
     let reply = super::refusal(state, endpoint, e);
     let mut kept = BytesMut::new();
-    if answer::write(stream, &mut kept, reply, true, state.limits.write)
+    if answer::write(stream, &mut kept, reply, true, limits.write)
         .await
         .is_ok()
     {
@@ -273,7 +283,7 @@ async fn hand_off<S: Wire>(
     permit: ConnectionPermit,
     deadline: Option<Instant>,
 ) {
-    let limits = &conns.service.state().limits;
+    let limits = conns.service.limits();
     let deadlines = Deadlines {
         idle: limits.idle,
         header: limits.header,
