@@ -140,9 +140,10 @@ impl PlacementIndex {
         }
     }
 
-    /// Fills `order` with the positions `0..shard_of.len()` grouped by shard (ascending).
+    /// Fills `order` with the positions `0..shard_of.len()` grouped by shard (ascending), each
+    /// shard's positions in ascending order (stable: the write paths rely on it).
     /// A counting sort when the shard count is small, a comparison sort otherwise.
-    fn group_by_shard(&self, shard_of: &[u32], order: &mut [u32]) {
+    pub(super) fn group_by_shard(&self, shard_of: &[u32], order: &mut [u32]) {
         if self.shards.len() <= COUNTING_SHARDS {
             let mut start = [0u32; COUNTING_SHARDS + 1];
             for &s in shard_of {
@@ -160,7 +161,7 @@ impl PlacementIndex {
             for (i, o) in order.iter_mut().enumerate() {
                 *o = i as u32;
             }
-            order.sort_unstable_by_key(|&i| shard_of[i as usize]);
+            order.sort_unstable_by_key(|&i| (shard_of[i as usize], i));
         }
     }
 
