@@ -31,7 +31,9 @@ fn state(ix: &PlacementIndex) -> State {
         spill_bytes,
         total: ix.len(),
         by_source: ix.by_source.each_ref().map(|c| c.load(Ordering::Relaxed)),
-        counts: (0..INSTANCES).map(|i| ix.instance_entries(InstanceId(i))).collect(),
+        counts: (0..INSTANCES)
+            .map(|i| ix.instance_entries(InstanceId(i)))
+            .collect(),
         rings: (0..INSTANCES)
             .map(|i| {
                 ix.slots
@@ -98,7 +100,8 @@ fn op(max_len: usize) -> impl Strategy<Value = Op> {
     let pred2 = prop_oneof![Just(Source::Local), Just(Source::Peer)];
     prop_oneof![
         (inst.clone(), hashes(max_len), tier()).prop_map(|(i, h, t)| Op::Store(i, h, t)),
-        (inst.clone(), hashes(max_len), pred, 1u64..50).prop_map(|(i, h, s, ttl)| Op::Predict(i, h, s, ttl)),
+        (inst.clone(), hashes(max_len), pred, 1u64..50)
+            .prop_map(|(i, h, s, ttl)| Op::Predict(i, h, s, ttl)),
         (inst.clone(), hashes(max_len), tier()).prop_map(|(i, h, t)| Op::Remove(i, h, t)),
         (inst, hashes(max_len), pred2).prop_map(|(i, h, s)| Op::Retract(i, h, s)),
     ]

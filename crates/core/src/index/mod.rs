@@ -36,13 +36,13 @@
 //!
 //! Lock order: an instance's ring mutex may be held while taking a shard lock, never the reverse.
 
+#[cfg(test)]
+mod batched_tests;
 mod evict;
 mod holders;
 mod matching;
 mod slots;
 mod sweep;
-#[cfg(test)]
-mod batched_tests;
 #[cfg(test)]
 mod tests;
 
