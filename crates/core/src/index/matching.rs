@@ -145,7 +145,10 @@ impl PlacementIndex {
     /// A counting sort when the shard count is small, a comparison sort otherwise.
     pub(super) fn group_by_shard(&self, shard_of: &[u32], order: &mut [u32]) {
         if self.shards.len() <= COUNTING_SHARDS {
-            let mut start = [0u32; COUNTING_SHARDS + 1];
+            let mut buf = [0u32; COUNTING_SHARDS + 1];
+            // Only the index's own shards: the prefix sum over all 257 slots cost more than a
+            // short batch's lookups.
+            let start = &mut buf[..=self.shards.len()];
             for &s in shard_of {
                 start[s as usize + 1] += 1;
             }
