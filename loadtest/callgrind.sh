@@ -21,7 +21,12 @@
 # (`--bodies small` keeps a run short) and read the per-function figures for what moved.
 #
 # Usage: loadtest/callgrind.sh [--requests 2000] [--warm 200] [--policies "round_robin kvgate"]
-#                              [--bodies "small large"] [--bin PATH] [--out DIR]
+#                              [--bodies "small large"] [--hash-mode text|token] [--bin PATH]
+#                              [--out DIR]
+# Bodies: small (a short chat request), large (~32 KiB of text, ~8K cl100k tokens), xlarge
+# (~400 KiB, ~100K tokens, every sentence distinct). --hash-mode token hashes with the built-in
+# tokenizer (its prefix cache off, so every request is an unrelated prompt's cost); token-mode
+# cells are slow under valgrind (use e.g. --requests 20 --warm 5).
 # KVGATE_BIN=PATH works as --bin (an already built kvgate; otherwise the release one is built).
 # Prints a Markdown table; writes each cell's callgrind dump and its top functions
 # (own cost, see top.py below) to DIR (default loadtest/results/callgrind, kept after the run).
@@ -33,6 +38,7 @@ N=2000
 WARM=200
 POLICIES="round_robin kvgate"
 BODIES="small large"
+HASH_MODE=text
 BIN="${KVGATE_BIN:-}"
 OUT=""
 while [ $# -gt 0 ]; do
@@ -41,6 +47,7 @@ while [ $# -gt 0 ]; do
         --warm) WARM="$2"; shift 2 ;;
         --policies) POLICIES="$2"; shift 2 ;;
         --bodies) BODIES="$2"; shift 2 ;;
+        --hash-mode) HASH_MODE="$2"; shift 2 ;;
         --bin) BIN="$2"; shift 2 ;;
         --out) OUT="$2"; shift 2 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
@@ -125,7 +132,10 @@ small = {"model": "m", "messages": [{"role": "system", "content": "You are a hel
                                     {"role": "user", "content": "Say hello."}], "max_tokens": 16}
 big_text = ("The quick brown fox jumps over the lazy dog. " * 800)[:32 * 1024 - 200]
 large = {"model": "m", "messages": [{"role": "user", "content": big_text}], "max_tokens": 16}
-for name, body in (("small", small), ("large", large)):
+huge_text = " ".join(f"Sentence {i} of the long prompt says something new about item {i * 7919 % 100003}."
+                     for i in range(5600))
+xlarge = {"model": "m", "messages": [{"role": "user", "content": huge_text}], "max_tokens": 16}
+for name, body in (("small", small), ("large", large), ("xlarge", xlarge)):
     with open(f"{work}/{name}.json", "w") as f:
         f.write(json.dumps(body))
 PY
@@ -208,7 +218,8 @@ for policy in $POLICIES; do
         echo "[load]"
         echo "enabled = false"
         echo "[routing]"
-        echo "hash_mode = \"text\""
+        echo "hash_mode = \"$HASH_MODE\""
+        [ "$HASH_MODE" = token ] && echo "tokenizer_cache_bytes = 0"
         echo "[routing.policy]"
         echo "name = \"$policy\""
         echo "[[pools]]"
@@ -243,7 +254,7 @@ for policy in $POLICIES; do
 done
 
 echo
-echo "kvgate user-space instructions per request (callgrind, $(basename "$BIN") $("$BIN" --version 2>/dev/null | head -n 1), 1 connection, text mode)"
+echo "kvgate user-space instructions per request (callgrind, $(basename "$BIN") $("$BIN" --version 2>/dev/null | head -n 1), 1 connection, $HASH_MODE mode)"
 echo
 cat "$WORK/table"
 echo

@@ -21,7 +21,8 @@ use crate::fleet::{Fleet, Instance, Pool};
 use crate::metrics;
 use crate::proxy::parse::{Prompt, RouteInput};
 use kvgate_core::hash::{
-    hash_text_blocks, hash_token_blocks, namespace_root, CanonicalPrompt, Namespace,
+    hash_text_blocks, hash_token_blocks, namespace_root, CanonicalPrompt, CanonicalSink, Namespace,
+    TextChain,
 };
 use kvgate_core::index::PlacementIndex;
 use kvgate_core::load::{DecodeRates, InstanceRates, LoadGuard, LoadTracker, RouterLoad};
@@ -304,44 +305,19 @@ impl Routing {
             cache_salt: input.cache_salt.as_deref(),
         };
         let root = namespace_root(&ns);
-        let mut token_ids: Option<&[u32]> = None;
-        let mut canon = match &input.prompt {
-            // Sized up front: growing it message by message reallocates and copies.
-            Prompt::Chat { messages, tools } => CanonicalPrompt::with_capacity(
-                tools.map_or(0, |t| CanonicalPrompt::record_len("tools".len(), t.len()))
-                    + messages
-                        .iter()
-                        .map(|m| CanonicalPrompt::record_len(m.role.len(), m.content.len()))
-                        .sum::<usize>(),
-            ),
-            _ => CanonicalPrompt::new(),
+        // The canonical rendering is kept only for a policy that reads it; otherwise text mode
+        // hashes it as it is produced and token mode never renders it.
+        let keep_text = pr.policy.reads_text();
+        let token_ids = match &input.prompt {
+            Prompt::Tokens(ids) => Some(ids.as_slice()),
+            _ => None,
         };
-        match &input.prompt {
-            Prompt::Chat { messages, tools } => {
-                if let Some(t) = tools {
-                    canon.push_part("tools", t.as_bytes());
-                }
-                for m in messages {
-                    canon.push_message(&m.role, &m.content);
-                }
-            }
-            Prompt::Text(t) => canon.push_prompt(t),
-            Prompt::Tokens(ids) => {
-                token_ids = Some(ids);
-                let mut bytes = Vec::with_capacity(ids.len() * 4);
-                for id in ids {
-                    bytes.extend_from_slice(&id.to_le_bytes());
-                }
-                canon.push_part("tokens", &bytes);
-            }
-        }
         let mut hashes = Vec::new();
-        let text = canon.into_bytes();
         if let Some(tm) = pr.tokens.as_ref().filter(|_| pr.mode == HashMode::Token) {
             let owned;
-            let ids: Option<&[u32]> = match (token_ids, &input.prompt) {
-                (Some(ids), _) => Some(ids),
-                (None, prompt) => match tokenize(tm, prompt) {
+            let ids: Option<&[u32]> = match token_ids {
+                Some(ids) => Some(ids),
+                None => match tokenize(tm, &input.prompt) {
                     Ok(v) => {
                         owned = v;
                         Some(&owned)
@@ -355,6 +331,13 @@ impl Routing {
             };
             if let Some(ids) = ids {
                 hash_token_blocks(root, ids, pr.block_size as usize, &mut hashes);
+                let text = if keep_text {
+                    let mut canon = CanonicalPrompt::with_capacity(rendered_len(&input.prompt));
+                    render(&mut canon, &input.prompt);
+                    canon.into_bytes()
+                } else {
+                    Vec::new()
+                };
                 return Ok(Prepared {
                     hashes,
                     prompt_tokens: ids.len().min(u32::MAX as usize) as u32,
@@ -365,11 +348,25 @@ impl Routing {
                 });
             }
         }
-        hash_text_blocks(root, &text, self.text_block_bytes, &mut hashes);
+        let (text, rendered) = if keep_text {
+            let mut canon = CanonicalPrompt::with_capacity(rendered_len(&input.prompt));
+            render(&mut canon, &input.prompt);
+            let text = canon.into_bytes();
+            hash_text_blocks(root, &text, self.text_block_bytes, &mut hashes);
+            let n = text.len();
+            (text, n)
+        } else {
+            let mut chain =
+                TextChain::new(root, self.text_block_bytes, rendered_len(&input.prompt));
+            render(&mut chain, &input.prompt);
+            let n = chain.len();
+            hashes = chain.finish();
+            (Vec::new(), n)
+        };
         let tpb = (self.text_block_bytes as u32 / self.bytes_per_token).max(1);
         let tokens = token_ids
             .map(|ids| ids.len())
-            .unwrap_or(text.len() / self.bytes_per_token as usize);
+            .unwrap_or(rendered / self.bytes_per_token as usize);
         Ok(Prepared {
             hashes,
             prompt_tokens: tokens.min(u32::MAX as usize) as u32,
@@ -652,6 +649,43 @@ impl Routing {
                 _ = token.cancelled() => return,
                 _ = tick.tick() => { self.index().expire(self.clock.now_ms()); }
             }
+        }
+    }
+}
+
+/// The canonical rendering's size in bytes (what [`render`] produces), to size its buffer once.
+fn rendered_len(prompt: &Prompt<'_>) -> usize {
+    match prompt {
+        Prompt::Chat { messages, tools } => {
+            tools.map_or(0, |t| CanonicalPrompt::record_len("tools".len(), t.len()))
+                + messages
+                    .iter()
+                    .map(|m| CanonicalPrompt::record_len(m.role.len(), m.content.len()))
+                    .sum::<usize>()
+        }
+        Prompt::Text(t) => t.len(),
+        Prompt::Tokens(ids) => CanonicalPrompt::record_len("tokens".len(), ids.len() * 4),
+    }
+}
+
+/// Text mode's canonical rendering of a prompt into `sink` (kept or hashed as produced).
+fn render(sink: &mut impl CanonicalSink, prompt: &Prompt<'_>) {
+    match prompt {
+        Prompt::Chat { messages, tools } => {
+            if let Some(t) = tools {
+                sink.push_part("tools", t.as_bytes());
+            }
+            for m in messages {
+                sink.push_message(&m.role, &m.content);
+            }
+        }
+        Prompt::Text(t) => sink.push_prompt(t),
+        Prompt::Tokens(ids) => {
+            let mut bytes = Vec::with_capacity(ids.len() * 4);
+            for id in ids {
+                bytes.extend_from_slice(&id.to_le_bytes());
+            }
+            sink.push_part("tokens", &bytes);
         }
     }
 }

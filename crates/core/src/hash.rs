@@ -9,13 +9,34 @@
 //! - Only full blocks are hashed; a trailing partial block contributes nothing.
 //! - The common 72-byte inputs (16 tokens or 64 bytes per block) take an unrolled XXH3 path that
 //!   tests check bit-for-bit against `xxh3_64_with_seed`.
+//! - Inputs longer than 240 bytes (text blocks from 233 bytes, token blocks from 59 ids) are hashed
+//!   with the secret XXH3 derives from [`HASH_SEED`], computed once at compile time rather than on
+//!   every call: for those lengths `xxh3_64_with_secret(x, derived)` is `xxh3_64_with_seed(x, seed)`
+//!   by XXH3's definition, and tests check it bit-for-bit.
 //! - Outputs are pinned by golden tests: changing them is a wire-format break (gossip, events).
 
 use crate::BlockHash;
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use xxhash_rust::const_xxh3::const_custom_default_secret;
+use xxhash_rust::xxh3::{xxh3_64_with_secret, xxh3_64_with_seed};
 
 /// Fixed seed for every block hash kvgate emits. Part of the wire format.
 pub const HASH_SEED: u64 = 0x6b76_6761_7465_0001;
+
+/// XXH3's secret for [`HASH_SEED`], as `xxh3_64_with_seed` derives it for inputs over 240 bytes.
+const LONG_SECRET: [u8; 192] = const_custom_default_secret(HASH_SEED);
+
+/// Inputs longer than this take XXH3's long path (where the seed only derives the secret).
+const XXH3_MID_MAX: usize = 240;
+
+/// `xxh3_64_with_seed(input, HASH_SEED)`, without deriving the secret per call on long inputs.
+#[inline]
+fn seeded_hash(input: &[u8]) -> u64 {
+    if input.len() > XXH3_MID_MAX {
+        xxh3_64_with_secret(input, &LONG_SECRET)
+    } else {
+        xxh3_64_with_seed(input, HASH_SEED)
+    }
+}
 
 /// What separates cache namespaces: requests in different namespaces never share blocks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -97,7 +118,7 @@ pub fn hash_text_blocks(
         let (head, body) = buf.split_at_mut(8);
         head.copy_from_slice(&parent.to_le_bytes());
         body.copy_from_slice(block);
-        parent = xxh3_64_with_seed(&buf, HASH_SEED);
+        parent = seeded_hash(&buf);
         out.push(parent);
     }
 }
@@ -138,7 +159,7 @@ pub fn hash_token_blocks(
         for (dst, t) in body.chunks_exact_mut(4).zip(block) {
             dst.copy_from_slice(&t.to_le_bytes());
         }
-        parent = xxh3_64_with_seed(&buf, HASH_SEED);
+        parent = seeded_hash(&buf);
         out.push(parent);
     }
 }
@@ -198,6 +219,154 @@ pub fn token_chain(ns: &Namespace<'_>, tokens: &[u32], block_tokens: usize) -> V
     let mut out = Vec::new();
     hash_token_blocks(namespace_root(ns), tokens, block_tokens, &mut out);
     out
+}
+
+/// Text mode's block chain of a canonical rendering, hashed as the rendering is produced:
+/// [`TextChain::finish`] equals [`hash_text_blocks`] of the bytes pushed, in order, however they
+/// were split into pushes, without holding the rendering (only a partial block is kept).
+#[derive(Clone, Debug)]
+pub struct TextChain {
+    parent: BlockHash,
+    block_bytes: usize,
+    /// Bytes of the block being filled (fewer than `block_bytes`).
+    pending: Vec<u8>,
+    /// Scratch for one block's hash input: the parent, then the block.
+    scratch: Vec<u8>,
+    hashes: Vec<BlockHash>,
+    len: usize,
+}
+
+impl TextChain {
+    /// A chain from `root` in blocks of `block_bytes` (0: no blocks), with room for the hashes
+    /// of `expected_bytes`.
+    pub fn new(root: BlockHash, block_bytes: usize, expected_bytes: usize) -> Self {
+        Self {
+            parent: root,
+            block_bytes,
+            pending: Vec::new(),
+            scratch: Vec::new(),
+            hashes: Vec::with_capacity(expected_bytes.checked_div(block_bytes).unwrap_or(0)),
+            len: 0,
+        }
+    }
+
+    /// Appends rendered bytes.
+    pub fn push_bytes(&mut self, mut bytes: &[u8]) {
+        self.len += bytes.len();
+        let bb = self.block_bytes;
+        if bb == 0 {
+            return;
+        }
+        if !self.pending.is_empty() {
+            let need = bb - self.pending.len();
+            if bytes.len() < need {
+                self.pending.extend_from_slice(bytes);
+                return;
+            }
+            let (head, rest) = bytes.split_at(need);
+            let mut block = std::mem::take(&mut self.pending);
+            block.extend_from_slice(head);
+            self.hash_full(&block);
+            block.clear();
+            self.pending = block;
+            bytes = rest;
+        }
+        let full = bytes.len() - bytes.len() % bb;
+        self.hash_full(&bytes[..full]);
+        if full < bytes.len() {
+            if self.pending.capacity() == 0 {
+                self.pending.reserve_exact(bb);
+            }
+            self.pending.extend_from_slice(&bytes[full..]);
+        }
+    }
+
+    /// Hashes `bytes`, a whole number of blocks.
+    fn hash_full(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        let bb = self.block_bytes;
+        if bb == 64 {
+            hash_text_blocks(self.parent, bytes, 64, &mut self.hashes);
+        } else {
+            if self.scratch.is_empty() {
+                self.scratch.resize(8 + bb, 0);
+            }
+            for block in bytes.chunks_exact(bb) {
+                let (head, body) = self.scratch.split_at_mut(8);
+                head.copy_from_slice(&self.parent.to_le_bytes());
+                body.copy_from_slice(block);
+                self.parent = seeded_hash(&self.scratch);
+                self.hashes.push(self.parent);
+            }
+        }
+        if let Some(&last) = self.hashes.last() {
+            self.parent = last;
+        }
+    }
+
+    /// Bytes rendered so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when nothing was rendered.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The chain of the full blocks pushed (a trailing partial block contributes nothing).
+    pub fn finish(self) -> Vec<BlockHash> {
+        self.hashes
+    }
+}
+
+/// Where text mode's canonical rendering goes: kept ([`CanonicalPrompt`]) or hashed as it is
+/// produced ([`TextChain`]). Both receive the same bytes for the same calls.
+pub trait CanonicalSink {
+    /// Appends rendered bytes.
+    fn push_bytes(&mut self, bytes: &[u8]);
+    /// Appends one chat message (role, then content).
+    fn push_message(&mut self, role: &str, content: &str) {
+        self.push_record(role.as_bytes(), content.as_bytes());
+    }
+    /// Appends a non-message part (e.g. `tools` JSON) under a label.
+    fn push_part(&mut self, label: &str, bytes: &[u8]) {
+        self.push_record(label.as_bytes(), bytes);
+    }
+    /// Appends a completions prompt verbatim.
+    fn push_prompt(&mut self, prompt: &str) {
+        self.push_bytes(prompt.as_bytes());
+    }
+    /// One record: head, a unit separator, body, a record separator.
+    fn push_record(&mut self, head: &[u8], body: &[u8]) {
+        self.push_bytes(head);
+        self.push_bytes(&[UNIT_SEP]);
+        self.push_bytes(body);
+        self.push_bytes(&[RECORD_SEP]);
+    }
+}
+
+impl CanonicalSink for TextChain {
+    fn push_bytes(&mut self, bytes: &[u8]) {
+        TextChain::push_bytes(self, bytes);
+    }
+}
+
+impl CanonicalSink for CanonicalPrompt {
+    fn push_bytes(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+    fn push_message(&mut self, role: &str, content: &str) {
+        CanonicalPrompt::push_message(self, role, content);
+    }
+    fn push_part(&mut self, label: &str, bytes: &[u8]) {
+        CanonicalPrompt::push_part(self, label, bytes);
+    }
+    fn push_prompt(&mut self, prompt: &str) {
+        CanonicalPrompt::push_prompt(self, prompt);
+    }
 }
 
 /// Separates a role (or label) from its content.
@@ -313,6 +482,53 @@ mod tests {
     }
 
     #[test]
+    fn precomputed_long_secret_equals_the_seeded_hash() {
+        let mut st = 5u64;
+        let bytes: Vec<u8> = (0..4096).map(|_| words(&mut st) as u8).collect();
+        for len in (0..=1100).chain([2048, 4096]) {
+            let x = &bytes[..len];
+            assert_eq!(
+                seeded_hash(x),
+                xxh3_64_with_seed(x, HASH_SEED),
+                "{len} bytes"
+            );
+        }
+        // Through the chains: every text and token block size around the long-path boundary.
+        let toks: Vec<u32> = (0..4000).map(|_| words(&mut st) as u32).collect();
+        let root = namespace_root(&NS);
+        for size in [200, 232, 233, 234, 256, 1000] {
+            let mut fast = Vec::new();
+            hash_text_blocks(root, &bytes, size, &mut fast);
+            let mut parent = root;
+            let slow: Vec<u64> = bytes
+                .chunks_exact(size)
+                .map(|b| {
+                    let mut buf = parent.to_le_bytes().to_vec();
+                    buf.extend_from_slice(b);
+                    parent = xxh3_64_with_seed(&buf, HASH_SEED);
+                    parent
+                })
+                .collect();
+            assert_eq!(fast, slow, "text blocks of {size}");
+        }
+        for size in [32, 58, 59, 60, 64, 256] {
+            let mut fast = Vec::new();
+            hash_token_blocks(root, &toks, size, &mut fast);
+            let mut parent = root;
+            let slow: Vec<u64> = toks
+                .chunks_exact(size)
+                .map(|b| {
+                    let mut buf = parent.to_le_bytes().to_vec();
+                    buf.extend(b.iter().flat_map(|t| t.to_le_bytes()));
+                    parent = xxh3_64_with_seed(&buf, HASH_SEED);
+                    parent
+                })
+                .collect();
+            assert_eq!(fast, slow, "token blocks of {size}");
+        }
+    }
+
+    #[test]
     fn specialised_block_sizes_equal_the_generic_encoding() {
         let mut st = 11u64;
         let toks: Vec<u32> = (0..16 * 50).map(|_| words(&mut st) as u32).collect();
@@ -404,6 +620,45 @@ mod tests {
                 assert_ne!(roots[i], roots[j], "{i} vs {j}");
             }
         }
+    }
+
+    #[test]
+    fn text_chain_equals_hashing_the_rendering() {
+        let mut st = 3u64;
+        let text: Vec<u8> = (0..5000).map(|_| words(&mut st) as u8).collect();
+        let root = namespace_root(&NS);
+        for bb in [0, 1, 7, 64, 256, 300] {
+            let mut whole = Vec::new();
+            hash_text_blocks(root, &text, bb, &mut whole);
+            for _ in 0..20 {
+                let mut chain = TextChain::new(root, bb, text.len());
+                let mut rest = &text[..];
+                while !rest.is_empty() {
+                    let n = (words(&mut st) % 700) as usize % (rest.len() + 1);
+                    let (piece, tail) = rest.split_at(n);
+                    chain.push_bytes(piece);
+                    rest = tail;
+                }
+                assert_eq!(chain.len(), text.len());
+                assert_eq!(chain.finish(), whole, "blocks of {bb}");
+            }
+        }
+        // The same calls through both sinks: the rendering's chain.
+        let long = "x".repeat(1000);
+        let mut canon = CanonicalPrompt::new();
+        let mut chain = TextChain::new(root, 64, 0);
+        fn render(s: &mut impl CanonicalSink, long: &str) {
+            s.push_part("tools", b"[{\"type\":\"function\"}]");
+            s.push_message("system", "be brief");
+            s.push_message("user", long);
+            s.push_prompt(long);
+        }
+        render(&mut canon, &long);
+        render(&mut chain, &long);
+        assert_eq!(chain.len(), canon.len());
+        let mut want = Vec::new();
+        hash_text_blocks(root, canon.as_bytes(), 64, &mut want);
+        assert_eq!(chain.finish(), want);
     }
 
     #[test]

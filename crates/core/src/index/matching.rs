@@ -140,11 +140,15 @@ impl PlacementIndex {
         }
     }
 
-    /// Fills `order` with the positions `0..shard_of.len()` grouped by shard (ascending).
+    /// Fills `order` with the positions `0..shard_of.len()` grouped by shard (ascending), each
+    /// shard's positions in ascending order (stable: the write paths rely on it).
     /// A counting sort when the shard count is small, a comparison sort otherwise.
-    fn group_by_shard(&self, shard_of: &[u32], order: &mut [u32]) {
+    pub(super) fn group_by_shard(&self, shard_of: &[u32], order: &mut [u32]) {
         if self.shards.len() <= COUNTING_SHARDS {
-            let mut start = [0u32; COUNTING_SHARDS + 1];
+            let mut buf = [0u32; COUNTING_SHARDS + 1];
+            // Only the index's own shards: the prefix sum over all 257 slots cost more than a
+            // short batch's lookups.
+            let start = &mut buf[..=self.shards.len()];
             for &s in shard_of {
                 start[s as usize + 1] += 1;
             }
@@ -160,7 +164,7 @@ impl PlacementIndex {
             for (i, o) in order.iter_mut().enumerate() {
                 *o = i as u32;
             }
-            order.sort_unstable_by_key(|&i| shard_of[i as usize]);
+            order.sort_unstable_by_key(|&i| (shard_of[i as usize], i));
         }
     }
 

@@ -27,8 +27,17 @@
 //! its own evictions) and evicted only as a last resort, so the bound always holds. Re-predicting or
 //! re-storing a block sets its bit again, which approximates least-recently-used order.
 //!
+//! Writes ([`PlacementIndex::store`], [`PlacementIndex::predict`], [`PlacementIndex::remove`],
+//! [`PlacementIndex::retract`]) group a call's hashes by shard, stably, and take each shard's write
+//! lock once per chunk of 256 hashes (as matching takes each read lock once per batch): the
+//! result is the per-hash walk's (entries, counts under the shard lock, spill bytes, by-source
+//! counters, and the CLOCK ring in the call's order, hence eviction), with a lock per shard rather
+//! than per hash.
+//!
 //! Lock order: an instance's ring mutex may be held while taking a shard lock, never the reverse.
 
+#[cfg(test)]
+mod batched_tests;
 mod evict;
 mod holders;
 mod matching;
@@ -150,6 +159,12 @@ struct Shard {
 
 /// Upper bound on lock shards.
 const MAX_SHARDS: usize = 1 << 16;
+
+/// Hashes one write walk groups by shard at a time (a multiple of 64).
+const WRITE_CHUNK: usize = 256;
+
+/// Chunks shorter than this keep their order (runs of one shard still share a lock).
+const GROUP_MIN: usize = 8;
 
 /// Stale ring slots tolerated beyond 1.5 × the live count before compaction.
 const RING_SLACK: usize = 1024;
@@ -274,7 +289,8 @@ impl PlacementIndex {
     }
 
     /// For each of `hashes`: drops the entries `drop` selects, or, when it selects none, lets
-    /// `kept` change the holders; keeps the counts and the spill bytes right.
+    /// `kept` change the holders; keeps the counts and the spill bytes right. Each shard's lock
+    /// is taken once per chunk ([`PlacementIndex::for_each_by_shard`]).
     fn drop_entries(
         &self,
         instance: InstanceId,
@@ -283,11 +299,9 @@ impl PlacementIndex {
         mut kept: impl FnMut(&mut Holders),
     ) {
         let slot = self.slots.get(instance.0);
-        for &h in hashes {
-            let mut shard = self.shard(h).write();
-            let shard = &mut *shard;
+        self.for_each_by_shard(hashes, |shard, h| {
             let Some(holders) = shard.map.get_mut(&h) else {
-                continue;
+                return false;
             };
             let before = holders.heap_bytes();
             let mut gone = None;
@@ -301,9 +315,67 @@ impl PlacementIndex {
                 shard.map.remove(&h);
             }
             if let Some(src) = gone {
+                // Under the shard lock, as the insert path counts: a count never goes below
+                // what the map holds.
                 self.on_removed(slot, src);
             }
+            false
+        });
+    }
+
+    /// Calls `f` for each of `hashes` under its shard's write lock, taking each shard's lock once
+    /// per chunk of [`WRITE_CHUNK`] hashes rather than once per hash; `f` returns whether to
+    /// report the hash, and the reported hashes are pushed to the returned vector in the order of
+    /// `hashes`.
+    ///
+    /// Equal to the per-hash walk in order: within a shard the hashes are visited in their order
+    /// in `hashes` (the grouping is stable), and hashes of different shards touch different maps,
+    /// so only the order of commutative counter updates changes. A chunk bounds how long one
+    /// writer holds a shard (readers wait for at most a chunk's hashes of one shard).
+    fn for_each_by_shard(
+        &self,
+        hashes: &[BlockHash],
+        mut f: impl FnMut(&mut Shard, BlockHash) -> bool,
+    ) -> Vec<BlockHash> {
+        let mut reported = Vec::new();
+        let mut shard_of = [0u32; WRITE_CHUNK];
+        let mut order = [0u32; WRITE_CHUNK];
+        for chunk in hashes.chunks(WRITE_CHUNK) {
+            let n = chunk.len();
+            for (s, &h) in shard_of.iter_mut().zip(chunk) {
+                *s = self.shard_index(h) as u32;
+            }
+            if n < GROUP_MIN || self.shards.len() == 1 {
+                // Too few to be worth sorting: runs of one shard still share its lock.
+                for (i, o) in order[..n].iter_mut().enumerate() {
+                    *o = i as u32;
+                }
+            } else {
+                self.group_by_shard(&shard_of[..n], &mut order[..n]);
+            }
+            let mut report = [0u64; WRITE_CHUNK / 64];
+            let mut k = 0;
+            while k < n {
+                let s = shard_of[order[k] as usize];
+                let mut shard = self.shards[s as usize].write();
+                while k < n && shard_of[order[k] as usize] == s {
+                    let i = order[k] as usize;
+                    if f(&mut shard, chunk[i]) {
+                        report[i / 64] |= 1 << (i % 64);
+                    }
+                    k += 1;
+                }
+            }
+            for (w, &bits) in report.iter().enumerate() {
+                let mut bits = bits;
+                while bits != 0 {
+                    let i = w * 64 + bits.trailing_zeros() as usize;
+                    reported.push(chunk[i]);
+                    bits &= bits - 1;
+                }
+            }
         }
+        reported
     }
 
     /// A routing decision (own or a peer's): `instance` will hold `hashes` soon.
@@ -361,14 +433,11 @@ impl PlacementIndex {
         let Some(slot) = self.slots.get_or_create(instance.0) else {
             return;
         };
-        let mut gained: Vec<BlockHash> = Vec::new();
-        for &h in hashes {
-            let mut shard = self.shard(h).write();
-            let shard = &mut *shard;
+        let gained = self.for_each_by_shard(hashes, |shard, h| {
             match shard.map.get_mut(&h) {
                 Some(holders) => {
                     let before = holders.heap_bytes();
-                    match holders.get_mut(instance.0) {
+                    let gained = match holders.get_mut(instance.0) {
                         Some(e) => {
                             let new_src = {
                                 let changed = update(Some(&mut *e));
@@ -378,6 +447,7 @@ impl PlacementIndex {
                                 self.by_source[old as usize].fetch_sub(1, Ordering::Relaxed);
                                 self.by_source[new as usize].fetch_add(1, Ordering::Relaxed);
                             }
+                            false
                         }
                         None => {
                             let e = fresh(instance.0);
@@ -387,10 +457,11 @@ impl PlacementIndex {
                             // decrements before this increment.
                             slot.count.fetch_add(1, Ordering::Relaxed);
                             self.total.fetch_add(1, Ordering::Relaxed);
-                            gained.push(h);
+                            true
                         }
-                    }
+                    };
                     shard.spill_bytes = shard.spill_bytes + holders.heap_bytes() - before;
+                    gained
                 }
                 None => {
                     let e = fresh(instance.0);
@@ -398,10 +469,10 @@ impl PlacementIndex {
                     shard.map.insert(h, Holders::One(e));
                     slot.count.fetch_add(1, Ordering::Relaxed);
                     self.total.fetch_add(1, Ordering::Relaxed);
-                    gained.push(h);
+                    true
                 }
             }
-        }
+        });
         if gained.is_empty() {
             return;
         }

@@ -45,6 +45,9 @@ impl DynamoCost {
 }
 
 impl Policy for DynamoCost {
+    fn reads_text(&self) -> bool {
+        false
+    }
     fn name(&self) -> &'static str {
         "dynamo_cost"
     }

@@ -398,6 +398,9 @@ fn foreign(c: &Candidate) -> Foreign {
 }
 
 impl Policy for Kvgate {
+    fn reads_text(&self) -> bool {
+        false
+    }
     fn name(&self) -> &'static str {
         "kvgate"
     }

@@ -15,6 +15,9 @@ pub(crate) fn load_key(c: &Candidate) -> f64 {
 }
 
 impl Policy for LeastLoad {
+    fn reads_text(&self) -> bool {
+        false
+    }
     fn name(&self) -> &'static str {
         "least_load"
     }

@@ -33,6 +33,9 @@ fn queue(c: &Candidate) -> f64 {
 }
 
 impl Policy for LlmdWeighted {
+    fn reads_text(&self) -> bool {
+        false
+    }
     fn name(&self) -> &'static str {
         "llmd_weighted"
     }

@@ -134,6 +134,11 @@ pub trait Policy: Send + Sync {
     fn name(&self) -> &'static str;
     /// Chooses among `candidates` (non-empty). Returns `None` only for an empty slice.
     fn decide(&self, req: &RouteRequest<'_>, candidates: &[Candidate]) -> Option<Decision>;
+    /// Whether the policy reads [`RouteRequest::text`]. Policies that do not are given an empty
+    /// text, and the gateway hashes the prompt's canonical rendering without keeping it.
+    fn reads_text(&self) -> bool {
+        true
+    }
     /// Tells the policy where the request went (policies with their own memory update it here).
     fn on_routed(&self, req: &RouteRequest<'_>, chosen: InstanceId) {
         let _ = (req, chosen);

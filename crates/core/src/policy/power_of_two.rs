@@ -9,6 +9,9 @@ use super::{Candidate, Decision, Policy, Reason, RouteRequest};
 pub struct PowerOfTwo;
 
 impl Policy for PowerOfTwo {
+    fn reads_text(&self) -> bool {
+        false
+    }
     fn name(&self) -> &'static str {
         "power_of_two"
     }

@@ -8,6 +8,9 @@ use super::{Candidate, Decision, Policy, Reason, RouteRequest};
 pub struct Random;
 
 impl Policy for Random {
+    fn reads_text(&self) -> bool {
+        false
+    }
     fn name(&self) -> &'static str {
         "random"
     }

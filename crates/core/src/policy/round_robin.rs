@@ -13,6 +13,9 @@ pub struct RoundRobin {
 }
 
 impl Policy for RoundRobin {
+    fn reads_text(&self) -> bool {
+        false
+    }
     fn name(&self) -> &'static str {
         "round_robin"
     }
