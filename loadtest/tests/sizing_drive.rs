@@ -101,7 +101,10 @@ async fn drive_fills_the_index_and_answers_every_request() {
     }
     let unique = &cells[0];
     assert_eq!(unique.kind, Kind::Unique);
-    assert!((1024..1040).contains(&unique.first_prompt_tokens), "{unique:?}");
+    assert!(
+        (1024..1040).contains(&unique.first_prompt_tokens),
+        "{unique:?}"
+    );
     let multi = &cells[1];
     assert_eq!(multi.kind, Kind::MultiTurn);
     // Every request but a conversation's first reuses the cached prefix of its previous one.

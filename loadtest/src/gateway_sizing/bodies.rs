@@ -410,7 +410,7 @@ mod tests {
         let slots = 4;
         let mut c = Conversations::new(shape, slots, 100);
         let mut last: Vec<Option<Vec<(String, String)>>> = vec![None; slots];
-        let mut firsts = 0;
+        let mut firsts = 0usize;
         let total = slots * shape.turns as usize * 3;
         for i in 0..total {
             let (body, turn) = c.next(b);

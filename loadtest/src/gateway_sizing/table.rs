@@ -11,14 +11,14 @@ use super::{CellRecord, HashKind, Kind};
 
 /// "1M", "10M", "500k" or the plain number.
 pub fn count_label(n: u64) -> String {
-    if n >= 1_000_000 && n % 100_000 == 0 {
+    if n >= 1_000_000 && n.is_multiple_of(100_000) {
         let m = n as f64 / 1e6;
-        if n % 1_000_000 == 0 {
+        if n.is_multiple_of(1_000_000) {
             format!("{}M", n / 1_000_000)
         } else {
             format!("{m:.1}M")
         }
-    } else if n >= 1000 && n % 1000 == 0 {
+    } else if n >= 1000 && n.is_multiple_of(1000) {
         format!("{}k", n / 1000)
     } else {
         n.to_string()
@@ -27,7 +27,7 @@ pub fn count_label(n: u64) -> String {
 
 /// "1K", "8K", "100K" for prompt lengths in tokens (1K = 1024).
 pub fn tokens_label(t: u32) -> String {
-    if t >= 1024 && t % 1024 == 0 {
+    if t >= 1024 && t.is_multiple_of(1024) {
         format!("{}K", t / 1024)
     } else {
         t.to_string()
