@@ -86,7 +86,8 @@
 //! - `loadtest/` — trace replay, synthetic workloads, offline policy simulation, comparisons;
 //!   `loadtest/overhead.sh` measures the proxy's own cost against nginx.
 //!   `loadtest/flood.sh` runs the flood of `tests/flood.rs` (slow clients, idle connections,
-//!   memory) at full size.
+//!   memory) at full size; `loadtest/sizing.sh` measures the gateway's cores and memory per
+//!   100 req/s by prompt length, traffic, hash mode, index size and serving threads.
 
 pub mod admin;
 pub mod admission;

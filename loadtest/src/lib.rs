@@ -12,8 +12,11 @@
 //! - [`report`]: JSON results, self-contained HTML report, terminal table.
 //! - [`sizing`]: cache capacity vs working set, fleet-LRU / infinite-cache / TTFT-floor references.
 //! - [`offline`]: the offline simulator (routing core + engine model in virtual time).
+//! - [`gateway_sizing`]: the gateway's own CPU and memory per 100 req/s against a running kvgate
+//!   (`loadtest/sizing.sh`).
 pub mod compare;
 pub mod fleet_metrics;
+pub mod gateway_sizing;
 pub mod offline;
 pub mod prompt;
 pub mod replay;

@@ -192,6 +192,14 @@ impl PromptBuilder {
         }
     }
 
+    /// `n` words seeded by `id` (the same for the same builder seed and id): exactly `n` tokens,
+    /// each word one token with a leading space, lowercase ASCII letters only.
+    pub fn words(&self, id: u64, n: u32) -> String {
+        let mut out = String::with_capacity(n as usize * 8);
+        self.push_block(id, n, &mut out);
+        out
+    }
+
     /// The prompt content for a request (the user message, or the completions prompt).
     pub fn text(&self, req: &TraceRequest) -> String {
         let mut remaining = self.content_tokens(req);

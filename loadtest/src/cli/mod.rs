@@ -3,6 +3,7 @@
 mod common;
 mod compare;
 mod replay;
+mod sizing_drive;
 mod tools;
 
 use anyhow::Context;
@@ -30,6 +31,11 @@ enum Command {
     Size(tools::SizeArgs),
     /// Offline simulation: routing core + engine model in virtual time, no HTTP.
     Offline(kvgate_loadtest::offline::OfflineArgs),
+    /// Gateway sizing against one running kvgate: fill its index, then measure its CPU and
+    /// memory per prompt length and kind of traffic at a fixed rate (loadtest/sizing.sh).
+    SizingDrive(sizing_drive::DriveArgs),
+    /// Tables (Markdown, CSV, JSON) from sizing-drive's cells.
+    SizingReport(sizing_drive::ReportArgs),
 }
 
 /// Runs the parsed command line.
@@ -45,6 +51,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             kvgate_loadtest::offline::run_cli(a).context("offline simulation")?;
             Ok(())
         }
+        Command::SizingDrive(a) => runtime()?.block_on(sizing_drive::drive(a)),
+        Command::SizingReport(a) => sizing_drive::report(a),
     }
 }
 
