@@ -52,18 +52,9 @@ if [ -z "$BIN" ]; then
     BIN="$ROOT/target/release/kvgate"
 fi
 
-WORK=$(mktemp -d /tmp/kvgate-overhead.XXXXXX)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
+# shellcheck source=lib/harness.sh
+. "$ROOT/loadtest/lib/harness.sh"
+harness_init overhead
 
 B=()
 for _ in 1 2 3 4; do B+=("$(free_port)"); done

@@ -88,27 +88,9 @@ KVGATE="$BIN/kvgate"
 DRIVER="$BIN/kvgate-loadtest"
 for b in "$KVGATE" "$DRIVER"; do [ -x "$b" ] || { echo "no binary at $b" >&2; exit 2; }; done
 
-WORK=$(mktemp -d /tmp/kvgate-sizing.XXXXXX)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
-
-# Waits (bounded) until a URL answers 200.
-wait_ready() { # url seconds
-    local deadline=$((SECONDS + $2))
-    until curl -fsS -m 2 "$1" >/dev/null 2>&1; do
-        [ "$SECONDS" -lt "$deadline" ] || { echo "$1 not ready after $2 s" >&2; return 1; }
-        sleep 0.2
-    done
-}
+# shellcheck source=lib/harness.sh
+. "$ROOT/loadtest/lib/harness.sh"
+harness_init sizing
 
 B=()
 for _ in 1 2 3 4; do B+=("$(free_port)"); done

@@ -137,8 +137,32 @@ fn read_pair(
     Ok((pair, hash(&cert_pem, &key_pem)))
 }
 
-/// Checks `pair` every `interval` until `stop` is cancelled, logging and counting outcomes.
-pub async fn watch(pair: Arc<Reloading>, interval: Duration, stop: CancellationToken) {
+/// TLS material re-read from its files when they change (the listener's pair, the upstream
+/// client's config), checked by [`watch`].
+pub trait Reloads: Send + Sync + 'static {
+    /// Re-reads the files if they changed: `Ok(true)` a new set is in force, `Ok(false)` nothing
+    /// changed, `Err` the new files are unusable and the old set stays.
+    fn check(&self) -> Result<bool, TlsError>;
+    /// Counts an outcome in the metrics.
+    fn record(&self, ok: bool);
+    /// What is reloaded, for the log (e.g. the certificate file).
+    fn what(&self) -> String;
+}
+
+impl Reloads for Reloading {
+    fn check(&self) -> Result<bool, TlsError> {
+        Reloading::check(self)
+    }
+    fn record(&self, ok: bool) {
+        crate::metrics::record_tls_reload(ok);
+    }
+    fn what(&self) -> String {
+        format!("TLS certificate {}", self.cert_file)
+    }
+}
+
+/// Checks `files` every `interval` until `stop` is cancelled, logging and counting outcomes.
+pub async fn watch<T: Reloads>(files: Arc<T>, interval: Duration, stop: CancellationToken) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -147,19 +171,19 @@ pub async fn watch(pair: Arc<Reloading>, interval: Duration, stop: CancellationT
             _ = tick.tick() => {}
             _ = stop.cancelled() => return,
         }
-        // File reads are small and rare; a blocking thread keeps them off the acceptor.
-        let p = pair.clone();
-        match tokio::task::spawn_blocking(move || p.check()).await {
+        // File reads are small and rare; a blocking thread keeps them off the serving threads.
+        let f = files.clone();
+        match tokio::task::spawn_blocking(move || f.check()).await {
             Ok(Ok(true)) => {
-                crate::metrics::record_tls_reload(true);
-                tracing::info!(cert = %pair.cert_file, "TLS certificate reloaded");
+                files.record(true);
+                tracing::info!("{} reloaded", files.what());
             }
             Ok(Ok(false)) => {}
             Ok(Err(e)) => {
-                crate::metrics::record_tls_reload(false);
-                tracing::error!("TLS certificate not reloaded, the previous one stays: {e}");
+                files.record(false);
+                tracing::error!("{} not reloaded, the previous one stays: {e}", files.what());
             }
-            Err(e) => tracing::error!("TLS certificate check failed: {e}"),
+            Err(e) => tracing::error!("{} check failed: {e}", files.what()),
         }
     }
 }

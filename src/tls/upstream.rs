@@ -108,29 +108,21 @@ fn build(cfg: &UpstreamTlsConfig) -> Result<(TlsConnector, [u8; 32]), TlsError> 
     Ok((TlsConnector::from(config), h.finalize().into()))
 }
 
+impl super::reload::Reloads for UpstreamTls {
+    fn check(&self) -> Result<bool, TlsError> {
+        UpstreamTls::check(self)
+    }
+    fn record(&self, ok: bool) {
+        crate::metrics::record_upstream_tls_reload(ok);
+    }
+    fn what(&self) -> String {
+        format!("upstream TLS files ({})", self.cfg.ca_file)
+    }
+}
+
 /// Checks `tls` every [`UpstreamTls::interval`] until `stop` is cancelled, logging and counting
 /// outcomes.
 pub async fn watch(tls: Arc<UpstreamTls>, stop: CancellationToken) {
-    let mut tick = tokio::time::interval(tls.interval());
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.cancelled() => return,
-        }
-        let t = tls.clone();
-        match tokio::task::spawn_blocking(move || t.check()).await {
-            Ok(Ok(true)) => {
-                crate::metrics::record_upstream_tls_reload(true);
-                tracing::info!(ca = %tls.cfg.ca_file, "upstream TLS files reloaded");
-            }
-            Ok(Ok(false)) => {}
-            Ok(Err(e)) => {
-                crate::metrics::record_upstream_tls_reload(false);
-                tracing::error!("upstream TLS files not reloaded, the previous ones stay: {e}");
-            }
-            Err(e) => tracing::error!("upstream TLS check failed: {e}"),
-        }
-    }
+    let interval = tls.interval();
+    super::reload::watch(tls, interval, stop).await
 }
