@@ -50,10 +50,7 @@ async fn gateway(engine: &Mock, token: bool) -> Gateway {
     let mut cfg = config_for(&[engine.url()]);
     cfg.server.admin_listen = "127.0.0.1:0".into();
     if token {
-        let dir =
-            std::env::temp_dir().join(format!("kvgate-admin-listener-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("token");
+        let path = fresh_dir("admin-listener").join("token");
         std::fs::write(&path, TOKEN).unwrap();
         cfg.auth.admin_token_file = path.to_string_lossy().into_owned();
     }

@@ -8,9 +8,7 @@ use common::*;
 const TOKEN: &str = "admin-token-for-tests-0123456789";
 
 fn token_file(name: &str, text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("kvgate-admin-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("token");
+    let path = fresh_dir(&format!("admin-{name}")).join("token");
     std::fs::write(&path, text).unwrap();
     path
 }

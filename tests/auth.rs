@@ -35,17 +35,9 @@ async fn post(gw: &Gateway, via: Via, headers: &[(&str, &str)]) -> reqwest::Resp
 }
 
 fn keys_file(text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("kvgate-auth-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("keys-{}.toml", rand_suffix()));
+    let path = fresh_dir("auth").join("keys.toml");
     std::fs::write(&path, text).unwrap();
     path
-}
-
-fn rand_suffix() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
 }
 
 async fn gateway(keys: &str, f: impl FnOnce(&mut Config)) -> (Mock, Gateway, std::path::PathBuf) {

@@ -233,7 +233,7 @@ async fn metrics_exposition_is_valid_prometheus() {
         eprintln!("SKIPPED promtool validation: promtool not installed (.ci/run installs the Debian `prometheus` package)");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("kvgate-metrics-{}", std::process::id()));
+    let dir = fresh_dir("metrics").join("metrics.txt");
     std::fs::write(&dir, &text).unwrap();
     let out = Command::new("sh")
         .arg("-c")

@@ -28,11 +28,7 @@ async fn gateway(isolated: bool) -> (kvgate_sim::Fleet, Gateway, String) {
     pool.tokenizer = Some("builtin".into());
     cfg.pools = vec![pool];
     cfg.load.enabled = false;
-    let dir = std::env::temp_dir().join(format!(
-        "kvgate-isolation-{}-{isolated}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::fresh_dir(&format!("isolation-{isolated}"));
     let keys = dir.join("keys.toml");
     std::fs::write(
         &keys,

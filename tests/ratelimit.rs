@@ -72,9 +72,7 @@ tenant = "free"
 async fn gateway(keys: &str, f: impl FnOnce(&mut Config)) -> (Mock, Gateway) {
     let a = Mock::start("a").await;
     let mut c = config_for(&[a.url()]);
-    let dir = std::env::temp_dir().join(format!("kvgate-ratelimit-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("keys-{}.toml", rand::random::<u64>()));
+    let path = fresh_dir("ratelimit").join("keys.toml");
     std::fs::write(&path, keys).unwrap();
     c.auth.enabled = true;
     c.auth.keys_file = path.to_string_lossy().into_owned();

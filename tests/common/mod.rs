@@ -393,6 +393,19 @@ impl Drop for Gateway {
     }
 }
 
+/// A fresh directory for one test's files: unique per process *and* per call, since the tests of
+/// one file run on threads of one process and must not share (or overwrite) each other's files.
+pub fn fresh_dir(tag: &str) -> std::path::PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "kvgate-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(15))

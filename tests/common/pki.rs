@@ -4,7 +4,6 @@
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A certificate authority that signs leaves.
 pub struct Ca {
@@ -64,14 +63,7 @@ impl Ca {
 
 /// A fresh directory for a test's files.
 pub fn dir() -> PathBuf {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "kvgate-tls-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    super::fresh_dir("tls")
 }
 
 /// Writes `text` to `dir/name` and returns the path as a string.

@@ -24,7 +24,8 @@ impl Child {
     /// Starts the binary on `toml` (written to a temporary file) and waits, at most 30 s, for
     /// its `kvgate serving` line.
     pub fn start(toml: &str) -> Child {
-        let config = std::env::temp_dir().join(format!("kvgate-flood-{}.toml", std::process::id()));
+        // One file per child: the tests of this file run at once in one process.
+        let config = crate::common::fresh_dir("flood").join("kvgate.toml");
         std::fs::write(&config, toml).unwrap();
         let mut proc = Command::new(env!("CARGO_BIN_EXE_kvgate"))
             .arg("--config")
@@ -106,7 +107,9 @@ impl Drop for Child {
     fn drop(&mut self) {
         let _ = self.proc.kill();
         let _ = self.proc.wait();
-        let _ = std::fs::remove_file(&self.config);
+        if let Some(dir) = self.config.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
