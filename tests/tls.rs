@@ -1,7 +1,9 @@
 //! TLS on the public listener, end to end: HTTPS over HTTP/1.1 (kvgate's own loop for a body
 //! with a length, hyper for a chunked body and for the admin routes) and over HTTP/2 by ALPN;
 //! SSE through TLS; client certificates required, optional and missing; certificate reload with
-//! a connection open; handshakes that fail or never come do not disturb other clients.
+//! a connection open; handshakes that fail or never come do not disturb other clients; the admin
+//! listener plain by default and, with `server.tls.admin`, TLS with the same pair and client
+//! authentication.
 //!
 //! Certificates are made at test time (`common/pki.rs`); the gateway listens on 127.0.0.1:0.
 
@@ -130,6 +132,7 @@ over_every_path!(
     a_required_client_certificate_is_checked,
     an_optional_client_certificate_may_be_missing,
     a_reload_serves_new_connections_the_new_certificate_and_keeps_old_ones,
+    the_admin_listener_serves_tls_with_the_same_pair_when_asked,
 );
 
 async fn proxied_posts_and_admin_routes_are_served_over_tls(via: Via) {
@@ -373,4 +376,54 @@ async fn an_unusable_certificate_stops_the_start_naming_the_file() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("/nonexistent/kvgate.crt"), "{e}");
+}
+
+/// `server.tls.admin`: the admin listener shakes hands with the public listener's pair and
+/// checks client certificates as it does; without it the admin listener stays plain HTTP.
+async fn the_admin_listener_serves_tls_with_the_same_pair_when_asked(via: Via) {
+    let plain = start(|c, _, _| c.server.admin_listen = "127.0.0.1:0".into()).await;
+    let admin = plain.gw.admin_addr.unwrap();
+    let r = reqwest::get(format!("http://{admin}/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "the admin listener is plain by default");
+
+    let t = start(|c, ca, dir| {
+        c.server.admin_listen = "127.0.0.1:0".into();
+        let tls = c.server.tls.as_mut().unwrap();
+        tls.admin = true;
+        tls.client_ca_file = Some(pki::write(dir, "clients.pem", &ca.pem));
+        tls.client_auth = ClientAuth::Required;
+    })
+    .await;
+    let admin = t.gw.admin_addr.unwrap();
+    assert!(
+        reqwest::get(format!("http://{admin}/health"))
+            .await
+            .is_err(),
+        "plain HTTP answered on a TLS admin listener"
+    );
+    let without = client_for(&t.ca.pem, via, None);
+    assert!(
+        without
+            .get(format!("https://{admin}/metrics"))
+            .send()
+            .await
+            .is_err(),
+        "the admin listener served without a client certificate"
+    );
+    let leaf = t.ca.client("prometheus");
+    let with = client_for(&t.ca.pem, via, Some(&leaf));
+    for path in ["/metrics", "/admin/instances", "/health"] {
+        let r = with
+            .get(format!("https://{admin}{path}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        assert_eq!(r.version(), version(via), "{path}");
+    }
+    // The public listener no longer serves the admin surface, over TLS as before.
+    let r = with.get(t.url("/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
 }

@@ -324,6 +324,12 @@ impl Config {
         self.picker.validate()?;
         if let Some(tls) = &s.tls {
             tls.validate()?;
+            if tls.admin && !s.has_admin_listener() {
+                return Err(invalid(
+                    "server.tls.admin",
+                    "needs server.admin_listen (without it the admin surface is on the TLS listener)",
+                ));
+            }
         }
         if http::HeaderName::from_bytes(s.request_id_header.as_bytes()).is_err() {
             return Err(invalid(
@@ -603,6 +609,21 @@ mod tests {
         // Ephemeral ports (tests) may be written alike.
         c.server.listen = "127.0.0.1:0".into();
         c.server.admin_listen = "127.0.0.1:0".into();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn tls_on_the_admin_listener_needs_one() {
+        let mut c = Config::default();
+        c.server.tls = Some(crate::config::ServerTlsConfig {
+            cert_file: "c.pem".into(),
+            key_file: "k.pem".into(),
+            admin: true,
+            ..Default::default()
+        });
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("server.tls.admin"), "{e}");
+        c.server.admin_listen = "127.0.0.1:9091".into();
         c.validate().unwrap();
     }
 

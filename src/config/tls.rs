@@ -4,6 +4,7 @@
 //! - `[server.tls]` absent means plain HTTP; present, `cert_file` and `key_file` are required.
 //! - `client_auth` is meaningful only with `client_ca_file`, and `client_ca_file` only with a
 //!   `client_auth` that verifies (both are checked together, the error naming the key).
+//! - `admin` is meaningful only with `server.admin_listen` (checked by the server section).
 
 use super::{invalid, ConfigError};
 use serde::{Deserialize, Serialize};
@@ -37,6 +38,9 @@ pub struct ServerTlsConfig {
     pub reload_interval_ms: u64,
     /// Longest a TLS handshake may take, from accept; the connection is closed beyond it.
     pub handshake_timeout_ms: u64,
+    /// Serve the admin listener (`server.admin_listen`) with TLS too: the same pair and client
+    /// authentication. Off, it is plain HTTP (it listens on loopback by default).
+    pub admin: bool,
 }
 
 impl Default for ServerTlsConfig {
@@ -48,6 +52,7 @@ impl Default for ServerTlsConfig {
             client_auth: ClientAuth::None,
             reload_interval_ms: 10_000,
             handshake_timeout_ms: 10_000,
+            admin: false,
         }
     }
 }

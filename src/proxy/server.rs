@@ -21,7 +21,8 @@
 //! - Certificates are re-read on `server.tls.reload_interval_ms` by a task on the caller's
 //!   runtime (see [`crate::tls::reload`]); open connections keep the pair they shook hands with.
 //! - With `server.admin_listen` a second acceptor serves the admin listener on the same workers:
-//!   plain HTTP (never TLS), the admin router only ([`GatewayService::admin`]), under the same
+//!   plain HTTP, or TLS with the public listener's pair and client authentication when
+//!   `server.tls.admin` is set; the admin router only ([`GatewayService::admin`]), under the same
 //!   `[server.limits]` with a connection cap of its own (`AppState::admin_limits`), so a flood
 //!   on the main listener cannot take its places.
 //! - Shutdown: the acceptors stop accepting (the admin one too, after the same drain delay),
@@ -145,10 +146,11 @@ pub async fn run_with_admin(
         Surface::Main,
         &senders,
     );
+    let admin_tls = tls.is_some() && state.config.server.tls.as_ref().is_some_and(|t| t.admin);
     let admin_loop = async {
         match (&admin, &state.admin_limits) {
             (Some(l), Some(limits)) => {
-                accept_loop(l, limits, false, Surface::Admin, &senders).await
+                accept_loop(l, limits, admin_tls, Surface::Admin, &senders).await
             }
             _ => std::future::pending().await,
         }
@@ -242,6 +244,36 @@ async fn accept_loop(
     }
 }
 
+/// Shakes hands under the bound, then serves the connection: ALPN `h2` on hyper's HTTP/2,
+/// anything else on the HTTP/1.1 loop. A failed or timed-out handshake is counted and closes
+/// only this connection.
+async fn serve_tls(
+    stream: TcpStream,
+    h: Handshakes,
+    conns: h1::Connections,
+    watcher: hyper_util::server::graceful::Watcher,
+    permit: ConnectionPermit,
+) {
+    let stream = match tokio::time::timeout(h.timeout, h.tls.acceptor.accept(stream)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            metrics::record_tls_handshake_failure(false);
+            tracing::debug!("TLS handshake failed: {e}");
+            return;
+        }
+        Err(_) => {
+            metrics::record_tls_handshake_failure(true);
+            tracing::debug!("TLS handshake timed out");
+            return;
+        }
+    };
+    if stream.get_ref().1.alpn_protocol() == Some(ALPN_H2) {
+        h1::serve_h2(stream, conns, watcher, permit).await;
+    } else {
+        h1::serve(stream, conns, watcher, permit).await;
+    }
+}
+
 /// The listener's TLS and its handshake bound.
 #[derive(Clone)]
 struct Handshakes {
@@ -267,6 +299,7 @@ async fn worker(
     let sweep = tokio::spawn(crate::client::deadline::sweep_forever());
     let graceful = GracefulShutdown::new();
     let limits = &state.limits;
+    let admin_tls = state.config.server.tls.as_ref().is_some_and(|t| t.admin);
     let mut http1 = http1::Builder::new();
     // Without a timer hyper silently runs no header timeout. Its own runs from the end of the
     // previous answer, so it would also cut idle connections: the connection's IO enforces the
@@ -301,37 +334,22 @@ async fn worker(
         let Ok(stream) = TcpStream::from_std(std) else {
             continue;
         };
-        if surface == Surface::Admin {
-            tokio::spawn(h1::serve(stream, admin.clone(), graceful.watcher(), permit));
-            continue;
-        }
-        match &tls {
+        let (to, tls) = match surface {
+            Surface::Main => (&conns, tls.as_ref()),
+            Surface::Admin => (&admin, tls.as_ref().filter(|_| admin_tls)),
+        };
+        match tls {
             None => {
-                tokio::spawn(h1::serve(stream, conns.clone(), graceful.watcher(), permit));
+                tokio::spawn(h1::serve(stream, to.clone(), graceful.watcher(), permit));
             }
             Some(h) => {
-                let handshake = tokio::time::timeout(h.timeout, h.tls.acceptor.accept(stream));
-                let (conns, watcher) = (conns.clone(), graceful.watcher());
-                tokio::spawn(async move {
-                    let stream = match handshake.await {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            metrics::record_tls_handshake_failure(false);
-                            tracing::debug!("TLS handshake failed: {e}");
-                            return;
-                        }
-                        Err(_) => {
-                            metrics::record_tls_handshake_failure(true);
-                            tracing::debug!("TLS handshake timed out");
-                            return;
-                        }
-                    };
-                    if stream.get_ref().1.alpn_protocol() == Some(ALPN_H2) {
-                        h1::serve_h2(stream, conns, watcher, permit).await;
-                    } else {
-                        h1::serve(stream, conns, watcher, permit).await;
-                    }
-                });
+                tokio::spawn(serve_tls(
+                    stream,
+                    h.clone(),
+                    to.clone(),
+                    graceful.watcher(),
+                    permit,
+                ));
             }
         }
     }

@@ -63,7 +63,7 @@ impl Ca {
 
 /// A fresh directory for a test's files.
 pub fn dir() -> PathBuf {
-    super::fresh_dir("tls")
+    crate::common::fresh_dir("tls")
 }
 
 /// Writes `text` to `dir/name` and returns the path as a string.
