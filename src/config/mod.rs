@@ -551,7 +551,7 @@ impl Config {
                 if https && self.upstream.tls.is_none() {
                     return Err(invalid(
                         format!("{key}.url"),
-                        "an https:// instance needs [upstream.tls] with ca_file",
+                        "an https:// instance needs [upstream.tls] (ca_file or system_roots)",
                     ));
                 }
                 let name = inst.name.clone().unwrap_or(authority);

@@ -37,9 +37,13 @@ pub struct UpstreamConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct UpstreamTlsConfig {
-    /// PEM CA certificates that instances' certificates must chain to (the system's roots are
-    /// not used: engines usually carry certificates of a private CA).
+    /// PEM CA certificates that instances' certificates may chain to (engines usually carry
+    /// certificates of a private CA). Required unless `system_roots` is on.
     pub ca_file: String,
+    /// Trust the system's CA certificates too (`SSL_CERT_FILE`, `SSL_CERT_DIR`, else the
+    /// distribution's bundle), for instances with publicly issued certificates (a hosted
+    /// OpenAI-compatible API). Read at start-up and when the other files change.
+    pub system_roots: bool,
     /// PEM client certificate chain presented to instances that ask for one (mTLS); with
     /// `key_file`.
     pub cert_file: Option<String>,
@@ -57,6 +61,7 @@ impl Default for UpstreamTlsConfig {
     fn default() -> Self {
         Self {
             ca_file: String::new(),
+            system_roots: false,
             cert_file: None,
             key_file: None,
             server_name: None,
@@ -69,10 +74,10 @@ impl UpstreamTlsConfig {
     /// Checks that the files are named consistently (their content is checked when the client
     /// is built at start-up); the error names the key.
     pub(super) fn validate(&self) -> Result<(), super::ConfigError> {
-        if self.ca_file.is_empty() {
+        if self.ca_file.is_empty() && !self.system_roots {
             return Err(super::invalid(
                 "upstream.tls.ca_file",
-                "required with [upstream.tls]",
+                "required with [upstream.tls] unless system_roots = true",
             ));
         }
         if self.reload_interval_ms == 0 || self.reload_interval_ms > 3_600_000 {

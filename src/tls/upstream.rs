@@ -33,6 +33,7 @@ impl std::fmt::Debug for UpstreamTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UpstreamTls")
             .field("ca_file", &self.cfg.ca_file)
+            .field("system_roots", &self.cfg.system_roots)
             .field("cert_file", &self.cfg.cert_file)
             .finish()
     }
@@ -87,7 +88,9 @@ impl UpstreamTls {
 }
 
 fn files(cfg: &UpstreamTlsConfig) -> impl Iterator<Item = &str> {
-    std::iter::once(cfg.ca_file.as_str())
+    Some(cfg.ca_file.as_str())
+        .filter(|f| !f.is_empty())
+        .into_iter()
         .chain(cfg.cert_file.as_deref())
         .chain(cfg.key_file.as_deref())
 }
@@ -116,7 +119,10 @@ impl super::reload::Reloads for UpstreamTls {
         crate::metrics::record_upstream_tls_reload(ok);
     }
     fn what(&self) -> String {
-        format!("upstream TLS files ({})", self.cfg.ca_file)
+        format!(
+            "upstream TLS files ({})",
+            files(&self.cfg).collect::<Vec<_>>().join(", ")
+        )
     }
 }
 
