@@ -13,18 +13,24 @@
 # (on a shared machine the steadier figure: each pair ran back to back, in alternating order).
 #
 # Usage: loadtest/overhead.sh [--duration 10s] [--rounds 1] [--policy round_robin|kvgate|...]
-#                              [--bin PATH]
+#                              [--bin PATH] [--tls]
 # --rounds N measures every cell N times, interleaving the paths, and reports medians (errors are
-# summed); --bin measures an already built kvgate binary instead of building the release one.
-# Needs: wrk and nginx (installed from Debian when missing, as root), cargo.
+# summed); --bin measures an already built kvgate binary instead of building the release one;
+# --tls puts TLS on both proxies' listeners (one self-signed ECDSA P-256 pair, TLS 1.3 both
+# sides; wrk keeps its connections, so this measures record encryption and decryption, with
+# one handshake per connection) while the backends stay plain HTTP and the direct path stays
+# plain: "added p50" then includes what TLS adds.
+# Needs: wrk and nginx (installed from Debian when missing, as root), cargo, openssl for --tls.
 set -euo pipefail
 
 DURATION=10s
 POLICY=round_robin
 BIN=""
 ROUNDS=1
+TLS=false
 while [ $# -gt 0 ]; do
     case "$1" in
+        --tls) TLS=true; shift ;;
         --duration) DURATION="$2"; shift 2 ;;
         --policy) POLICY="$2"; shift 2 ;;
         --bin) BIN="$2"; shift 2 ;;
@@ -60,6 +66,17 @@ B=()
 for _ in 1 2 3 4; do B+=("$(free_port)"); done
 NGINX_PORT=$(free_port)
 KVGATE_PORT=$(free_port)
+SCHEME=http
+NGINX_LISTEN="127.0.0.1:$NGINX_PORT"
+CURL_TLS=()
+if $TLS; then
+    SCHEME=https
+    NGINX_LISTEN="127.0.0.1:$NGINX_PORT ssl"
+    CURL_TLS=(--cacert "$WORK/tls.crt")
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+        -subj "/CN=127.0.0.1" -addext "subjectAltName=IP:127.0.0.1" \
+        -keyout "$WORK/tls.key" -out "$WORK/tls.crt" 2>/dev/null
+fi
 
 # Static backends: one nginx with 2 workers (one per core).
 {
@@ -95,7 +112,12 @@ mkdir -p "$WORK/proxy-prefix"
     echo "  upstream backends { keepalive 256;"
     for p in "${B[@]}"; do echo "    server 127.0.0.1:$p;"; done
     echo "  }"
-    echo "  server { listen 127.0.0.1:$NGINX_PORT; location / {"
+    echo "  server { listen $NGINX_LISTEN;"
+    if $TLS; then
+        echo "    ssl_certificate $WORK/tls.crt; ssl_certificate_key $WORK/tls.key;"
+        echo "    ssl_protocols TLSv1.3; ssl_session_cache off;"
+    fi
+    echo "    location / {"
     echo "    proxy_pass http://backends; proxy_http_version 1.1; proxy_set_header Connection \"\";"
     echo "    proxy_buffering off; } }"
     echo "}"
@@ -110,6 +132,11 @@ PIDS+=($!)
     echo "[server]"
     echo "listen = \"127.0.0.1:$KVGATE_PORT\""
     echo "log_filter = \"warn\""
+    if $TLS; then
+        echo "[server.tls]"
+        echo "cert_file = \"$WORK/tls.crt\""
+        echo "key_file = \"$WORK/tls.key\""
+    fi
     echo "[load]"
     echo "enabled = false"
     echo "[routing]"
@@ -125,8 +152,8 @@ PIDS+=($!)
 KVGATE_PID=$!
 
 for _ in $(seq 1 100); do
-    if curl -fsS "http://127.0.0.1:$KVGATE_PORT/ready" >/dev/null 2>&1 \
-        && curl -fsS "http://127.0.0.1:$NGINX_PORT/" >/dev/null 2>&1; then
+    if curl -fsS "${CURL_TLS[@]}" "$SCHEME://127.0.0.1:$KVGATE_PORT/ready" >/dev/null 2>&1 \
+        && curl -fsS "${CURL_TLS[@]}" "$SCHEME://127.0.0.1:$NGINX_PORT/" >/dev/null 2>&1; then
         break
     fi
     sleep 0.1
@@ -202,11 +229,11 @@ for body in small large; do
         for round in $(seq 1 "$ROUNDS"); do
             run_cell direct "http://127.0.0.1:${B[0]}/v1/chat/completions" "$conns" "$body"
             if [ $((round % 2)) -eq 1 ]; then
-                run_cell nginx "http://127.0.0.1:$NGINX_PORT/v1/chat/completions" "$conns" "$body" "$NGINX_PROXY_PID"
-                run_cell kvgate "http://127.0.0.1:$KVGATE_PORT/v1/chat/completions" "$conns" "$body" "$KVGATE_PID"
+                run_cell nginx "$SCHEME://127.0.0.1:$NGINX_PORT/v1/chat/completions" "$conns" "$body" "$NGINX_PROXY_PID"
+                run_cell kvgate "$SCHEME://127.0.0.1:$KVGATE_PORT/v1/chat/completions" "$conns" "$body" "$KVGATE_PID"
             else
-                run_cell kvgate "http://127.0.0.1:$KVGATE_PORT/v1/chat/completions" "$conns" "$body" "$KVGATE_PID"
-                run_cell nginx "http://127.0.0.1:$NGINX_PORT/v1/chat/completions" "$conns" "$body" "$NGINX_PROXY_PID"
+                run_cell kvgate "$SCHEME://127.0.0.1:$KVGATE_PORT/v1/chat/completions" "$conns" "$body" "$KVGATE_PID"
+                run_cell nginx "$SCHEME://127.0.0.1:$NGINX_PORT/v1/chat/completions" "$conns" "$body" "$NGINX_PROXY_PID"
             fi
         done
         # Each round's kvgate/nginx pair ran back to back under the same outside load.
@@ -226,7 +253,7 @@ done
 
 ms() { awk -v u="$1" 'BEGIN { printf "%.3f", u / 1000 }'; }
 echo
-echo "kvgate overhead ($(nproc) cores, wrk $DURATION per cell, median of $ROUNDS round(s), policy $POLICY, text mode)"
+echo "kvgate overhead ($(nproc) cores, wrk $DURATION per cell, median of $ROUNDS round(s), policy $POLICY, text mode$($TLS && echo ", TLS on both proxies' listeners"))"
 echo
 echo "| body | conns | path | req/s | p50 ms | p99 ms | errors | proxy CPU µs/req | kvgate/nginx req/s | added p50 µs |"
 echo "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"
