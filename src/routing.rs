@@ -250,9 +250,13 @@ impl Routing {
         self.router.load()
     }
 
-    /// Forgets a freed instance slot: index entries, capacity and learned rates.
+    /// Forgets a freed instance slot: index entries, capacity, learned rates and what the
+    /// policies remember of it.
     pub fn forget_instance(&self, id: InstanceId) {
         self.router.forget_instance(id);
+        for pool in &self.pools {
+            pool.policy.forget_instance(id);
+        }
     }
 
     /// The policy name of `pool`.

@@ -195,6 +195,14 @@ pub struct KvgateParams {
     /// candidate with the fewest requests in flight (which also evens out decode batches), then
     /// by request seed. Default 0.1.
     pub tie_relative: f64,
+    /// Bound on any instance's share of the requests offered to it, as a multiple of the mean
+    /// share (1 / candidates), kept by a price in the cost model (see
+    /// [`super::share`]). 0 switches the price off. Default 0 (off).
+    pub max_share: f64,
+    /// Growth rate of the share price: an instance that took `Q` requests beyond its share
+    /// bound pays `best × (e^(share_price × Q) − 1)`, `best` being the decision's lowest cost,
+    /// so the price grows until it stops being the cheapest often enough. Default 0.2.
+    pub share_price: f64,
 }
 
 impl Default for KvgateParams {
@@ -217,6 +225,8 @@ impl Default for KvgateParams {
             engine_waiting_tokens: 1024.0,
             tie_epsilon_ms: 0.01,
             tie_relative: 0.1,
+            max_share: 0.0,
+            share_price: 0.2,
         }
     }
 }
@@ -262,6 +272,7 @@ impl KvgateParams {
             ("ttft_slo_ms", self.ttft_slo_ms),
             ("tpot_slo_ms", self.tpot_slo_ms),
             ("slo_penalty_ms", self.slo_penalty_ms),
+            ("share_price", self.share_price),
         ];
         for (field, v) in non_negative {
             if !(v.is_finite() && v >= 0.0) {
@@ -270,6 +281,12 @@ impl KvgateParams {
                     requirement: "must be finite and >= 0",
                 });
             }
+        }
+        if !(self.max_share == 0.0 || (self.max_share.is_finite() && self.max_share > 1.0)) {
+            return Err(InvalidKvgateParam {
+                field: "max_share",
+                requirement: "must be 0 (off) or above 1 (a multiple of the mean share)",
+            });
         }
         Ok(())
     }

@@ -116,6 +116,7 @@
 //! from the waiting queue first.
 
 use super::config::{KvgateParams, Objective};
+use super::share::ShareLedger;
 use super::util::{argmin_seeded, decision, prefilling, tie_key};
 use super::{Candidate, Decision, Policy, Reason, RouteRequest};
 
@@ -123,6 +124,8 @@ use super::{Candidate, Decision, Policy, Reason, RouteRequest};
 #[derive(Clone, Debug, Default)]
 pub struct Kvgate {
     params: KvgateParams,
+    /// Requests each instance took beyond the share bound (`max_share`; empty while it is off).
+    share: ShareLedger,
 }
 
 /// One candidate's priced terms (exposed for explanations and tests).
@@ -143,6 +146,8 @@ pub struct KvgateTerms {
     pub impact_ms: f64,
     /// Price of the requests it pushes past a target, ms (0 unless `slo`).
     pub slo_ms: f64,
+    /// Price of the requests it took beyond the share bound, ms (0 while `max_share` is off).
+    pub share_ms: f64,
     /// Predicted time per output token there once it joins the batch, ms.
     pub tpot_ms: f64,
 }
@@ -157,13 +162,22 @@ impl KvgateTerms {
             + self.decode_ms
             + self.impact_ms
             + self.slo_ms
+            + self.share_ms
     }
 }
 
 impl Kvgate {
     /// A policy with these parameters.
     pub fn new(params: KvgateParams) -> Self {
-        Self { params }
+        Self {
+            params,
+            share: ShareLedger::default(),
+        }
+    }
+
+    /// Whether the share bound is on.
+    fn bounds_share(&self) -> bool {
+        self.params.max_share > 0.0 && self.params.share_price > 0.0
     }
 
     /// Tier-weighted credited leading blocks of a candidate.
@@ -187,6 +201,7 @@ impl Kvgate {
         out: &mut Vec<KvgateTerms>,
     ) {
         let p = &self.params;
+        let start = out.len();
         let tpb = f64::from(req.tokens_per_block.max(1));
         let prompt = f64::from(req.prompt_tokens);
         let best = candidates
@@ -284,9 +299,30 @@ impl Kvgate {
                 decode_ms,
                 impact_ms,
                 slo_ms,
+                share_ms: 0.0,
                 tpot_ms,
             }
         }));
+        if self.bounds_share() {
+            self.price_share(candidates, &mut out[start..]);
+        }
+    }
+
+    /// Adds each candidate's share price (see [`super::share`]) to its terms.
+    fn price_share(&self, candidates: &[Candidate], terms: &mut [KvgateTerms]) {
+        let best = terms
+            .iter()
+            .map(KvgateTerms::cost_ms)
+            .filter(|c| c.is_finite())
+            .fold(f64::INFINITY, f64::min);
+        if !best.is_finite() || best <= 0.0 {
+            return;
+        }
+        let mut queues = Vec::with_capacity(candidates.len());
+        self.share.queues(candidates, &mut queues);
+        for (t, q) in terms.iter_mut().zip(queues) {
+            t.share_ms = best * ((self.params.share_price * q).min(MAX_SHARE_EXPONENT).exp() - 1.0);
+        }
     }
 }
 
@@ -362,6 +398,10 @@ impl Kvgate {
     }
 }
 
+/// Largest exponent of the share price: `e^40` times the best cost outprices any instance a
+/// decision could prefer, and keeps the price finite.
+const MAX_SHARE_EXPONENT: f64 = 40.0;
+
 /// Holders of the best match from which on it counts as a prefix shared across traffic.
 const SHARED_HOLDERS: usize = 2;
 
@@ -404,6 +444,9 @@ impl Policy for Kvgate {
     fn name(&self) -> &'static str {
         "kvgate"
     }
+    fn forget_instance(&self, instance: crate::InstanceId) {
+        self.share.forget(instance);
+    }
     fn decide(&self, req: &RouteRequest<'_>, candidates: &[Candidate]) -> Option<Decision> {
         if candidates.is_empty() {
             return None;
@@ -412,6 +455,9 @@ impl Policy for Kvgate {
         self.terms(req, candidates, &mut terms);
         let scores: Vec<f64> = terms.iter().map(KvgateTerms::cost_ms).collect();
         let i = self.pick(candidates, &scores, req.seed)?;
+        if self.bounds_share() {
+            self.share.record(candidates, i, self.params.max_share);
+        }
         let any_match = candidates.iter().any(|c| c.matched.total() > 0);
         let reason = if !any_match {
             Reason::LeastLoaded
@@ -655,5 +701,40 @@ mod tests {
         // Without the targets, e2e alone weighs 25 slower streams against one long wait.
         let e2e = terms(&e2e(), &hashes, &cs);
         assert_eq!((e2e[0].slo_ms, e2e[1].slo_ms), (0.0, 0.0));
+    }
+}
+
+#[cfg(test)]
+mod share_tests {
+    use super::*;
+    use crate::policy::util::testing::{cand, req};
+
+    /// An instance far cheaper than the others for every request keeps at most the bound's
+    /// share of them once the share price is on, and all of them while it is off.
+    #[test]
+    fn the_share_bound_holds_against_a_persistently_cheapest_instance() {
+        let hashes: Vec<u64> = (0..64).collect();
+        // Instance 0 has an empty queue; the others have 20K tokens of prefill queued each.
+        let cs: Vec<Candidate> = (0..8)
+            .map(|i| cand(i, 0, if i == 0 { 0 } else { 20_000 }, 1))
+            .collect();
+        for (max_share, bound) in [(0.0, 1.0), (1.3, 1.3 / 8.0 + 0.02)] {
+            let p = Kvgate::new(KvgateParams {
+                max_share,
+                ..Default::default()
+            });
+            let n = 2000;
+            let to_cheapest = (0..n)
+                .filter(|&s| {
+                    p.decide(&req(&hashes, b"", s), &cs)
+                        .is_some_and(|d| d.chosen == crate::InstanceId(0))
+                })
+                .count();
+            let share = to_cheapest as f64 / n as f64;
+            assert!(
+                if max_share == 0.0 { share == 1.0 } else { share <= bound },
+                "max_share {max_share}: share {share}"
+            );
+        }
     }
 }

@@ -18,6 +18,7 @@ pub mod random;
 pub mod round_robin;
 pub mod sglang;
 mod sglang_tree;
+pub mod share;
 pub mod util;
 
 pub use config::{
@@ -142,5 +143,10 @@ pub trait Policy: Send + Sync {
     /// Tells the policy where the request went (policies with their own memory update it here).
     fn on_routed(&self, req: &RouteRequest<'_>, chosen: InstanceId) {
         let _ = (req, chosen);
+    }
+    /// Forgets what the policy remembers of `instance` (it left the fleet; its id may be given
+    /// to a new instance).
+    fn forget_instance(&self, instance: InstanceId) {
+        let _ = instance;
     }
 }

@@ -1,0 +1,167 @@
+//! The request-share bound of the `kvgate` policy: a price, inside the cost model, that keeps
+//! every instance's share of the requests offered to it within `max_share` times the mean.
+//!
+//! # Why a bound, and why a price
+//!
+//! Minimising each request's own cost sorts requests by size onto instances (short prompts go
+//! where the prefill queue drains fastest, long ones where few sequences decode): good for the
+//! mean, but one instance can end up with half of a pool's requests, and with it half of the
+//! blast radius of its failure, a decode batch that slows every sequence on it, and per-pod
+//! request metrics (autoscalers, dashboards) that read as a broken balancer. An override
+//! (round robin past a threshold) would throw away everything the cost model knows; a price lets
+//! the cost model choose which requests move: those for which another instance costs least
+//! more.
+//!
+//! # Model
+//!
+//! One virtual queue per instance (the drift-plus-penalty method for time-average constraints)
+//! counts the requests it took beyond its allowance. For every decision with `N` candidates
+//! and the chosen one `c`, for every candidate `k`:
+//!
+//! ```text
+//! Q_k ← max(0, Q_k + [k = c] − max_share / N)
+//! share_k = best × (e^(share_price × Q_k) − 1)   (best: the lowest cost of the decision
+//!                                                 before this term)
+//! ```
+//!
+//! With `max_share > 1` a decision hands out more allowance than the one request it places, so
+//! queues drain while the shares are within the bound; `Q_k` grows only while `k` takes more than
+//! `max_share / N` of the requests offered to it, and its price grows with it until `k` stops
+//! being the cheapest often enough. An instance within its share pays nothing. The price is
+//! relative to the decision's best cost, so it means the same on a fleet whose first tokens take
+//! 100 ms as on one where they take 20 s, and exponential in the excess, so an instance that is
+//! `r` times cheaper than the next needs only `ln(1 + r) / share_price` excess requests to be
+//! outpriced: the bound is reached within tens of requests whether the instances' costs differ
+//! by 10 % or by 100×.
+//!
+//! Invariants: every `Q_k` is finite and `>= 0`; the state is one `f64` per instance id seen
+//! (ids are the fleet's bounded slots); `max_share = 0` switches the term off and keeps no
+//! state. Several replicas each bound their own decisions, so their union is bounded too.
+
+use std::sync::Mutex;
+
+use super::Candidate;
+
+/// Virtual queues of the request-share bound, by instance id.
+#[derive(Debug, Default)]
+pub struct ShareLedger {
+    /// `Q_k`, indexed by instance id.
+    queues: Mutex<Vec<f64>>,
+}
+
+impl Clone for ShareLedger {
+    /// A clone starts with the same queues (a policy rebuilt from the same state).
+    fn clone(&self) -> Self {
+        Self {
+            queues: Mutex::new(self.lock().clone()),
+        }
+    }
+}
+
+impl ShareLedger {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<f64>> {
+        // A panic elsewhere while the lock was held leaves plain numbers behind: keep them.
+        self.queues.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes each candidate's `Q_k` into `out` (in candidate order).
+    pub fn queues(&self, candidates: &[Candidate], out: &mut Vec<f64>) {
+        let q = self.lock();
+        out.clear();
+        out.extend(
+            candidates
+                .iter()
+                .map(|c| q.get(c.id.index()).copied().unwrap_or(0.0)),
+        );
+    }
+
+    /// Records that `chosen` (an index into `candidates`) took the request: its queue gains the
+    /// request, every candidate's drains by its allowance `max_share / N`.
+    pub fn record(&self, candidates: &[Candidate], chosen: usize, max_share: f64) {
+        if candidates.is_empty() || !(max_share.is_finite() && max_share > 0.0) {
+            return;
+        }
+        let allowance = max_share / candidates.len() as f64;
+        let mut q = self.lock();
+        for (i, c) in candidates.iter().enumerate() {
+            let k = c.id.index();
+            if q.len() <= k {
+                q.resize(k + 1, 0.0);
+            }
+            let taken = if i == chosen { 1.0 } else { 0.0 };
+            q[k] = (q[k] + taken - allowance).max(0.0);
+        }
+    }
+
+    /// Drops `instance`'s queue (it left the fleet; its id may be reused).
+    pub fn forget(&self, instance: crate::InstanceId) {
+        if let Some(q) = self.lock().get_mut(instance.index()) {
+            *q = 0.0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::util::testing::cand;
+
+    fn fleet(n: u32) -> Vec<Candidate> {
+        (0..n).map(|i| cand(i, 0, 0, 0)).collect()
+    }
+
+    #[test]
+    fn within_the_bound_no_queue_builds() {
+        let ledger = ShareLedger::default();
+        let cs = fleet(4);
+        let mut q = Vec::new();
+        // Round robin is exactly the mean share: under a bound of 1.3 nothing accumulates.
+        for r in 0..1000 {
+            ledger.record(&cs, r % 4, 1.3);
+            ledger.queues(&cs, &mut q);
+            assert!(q.iter().all(|&x| x < 1.0), "{q:?}");
+        }
+    }
+
+    #[test]
+    fn an_instance_over_its_share_accumulates_at_its_excess_rate() {
+        let ledger = ShareLedger::default();
+        let cs = fleet(4);
+        let mut q = Vec::new();
+        // Instance 0 takes half the requests: its excess is 0.5 − 1.3/4 = 0.175 per request.
+        for r in 0..400 {
+            ledger.record(&cs, if r % 2 == 0 { 0 } else { 1 + r % 3 }, 1.3);
+        }
+        ledger.queues(&cs, &mut q);
+        assert!((q[0] - 400.0 * 0.175).abs() < 2.0, "{q:?}");
+        assert!(q[1..].iter().all(|&x| x < 1.0), "{q:?}");
+        // Forgotten instances start again from nothing.
+        ledger.forget(crate::InstanceId(0));
+        ledger.queues(&cs, &mut q);
+        assert_eq!(q[0], 0.0);
+    }
+
+    #[test]
+    fn off_keeps_no_state() {
+        let ledger = ShareLedger::default();
+        let cs = fleet(3);
+        ledger.record(&cs, 0, 0.0);
+        ledger.record(&cs, 0, f64::NAN);
+        assert!(ledger.lock().is_empty());
+    }
+
+    #[test]
+    fn queues_stay_finite_and_non_negative() {
+        let ledger = ShareLedger::default();
+        let cs = fleet(8);
+        let mut q = Vec::new();
+        let mut x = 12345u64;
+        for _ in 0..10_000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let chosen = (x >> 33) as usize % if x % 3 == 0 { 1 } else { 8 };
+            ledger.record(&cs, chosen, 1.3);
+        }
+        ledger.queues(&cs, &mut q);
+        assert!(q.iter().all(|x| x.is_finite() && *x >= 0.0), "{q:?}");
+    }
+}
