@@ -57,6 +57,10 @@ fn load_config(cli: &Cli) -> Result<Config> {
     if let Some(f) = cli.log_format {
         cfg.server.log_format = f;
     }
+    // Before the embedded fleet fills `pools`: the default depends on what the gateway fronts.
+    let token = std::env::var(kvgate::auth::ENV_ADMIN_TOKEN).ok();
+    let token = cfg.auth.admin_token_configured(token.as_deref());
+    cfg.settle_admin_listen(token);
     cfg.validate()?;
     Ok(cfg)
 }
@@ -199,6 +203,7 @@ async fn start_embedded(cfg: &mut Config) -> Result<kvgate_sim::Fleet> {
 }
 
 async fn serve(mut cfg: Config, threads: usize) -> Result<()> {
+    let fleet_kind = cfg.fleet_kind();
     let embedded = if cfg.pools.is_empty() {
         let fleet = start_embedded(&mut cfg).await?;
         tracing::warn!(
@@ -210,23 +215,19 @@ async fn serve(mut cfg: Config, threads: usize) -> Result<()> {
     } else {
         None
     };
-    if embedded.is_none() && !cfg.auth.enabled {
-        // Real instances with no keys: anyone who reaches the port spends their capacity.
-        tracing::warn!(
-            listen = %cfg.server.listen,
-            "[auth] is OFF in front of real instances: the gateway is OPEN, any client that can reach it may use every model; set auth.enabled = true (docs/security.md)"
-        );
-    }
     let listener =
         kvgate::proxy::limits::listen::bind(&cfg.server.listen, cfg.server.limits.listen_backlog)
             .await
             .with_context(|| format!("cannot listen on {}", cfg.server.listen))?;
     let state = kvgate::app::AppState::new(cfg)?;
+    kvgate::app::warn_open_surfaces(&state.config, fleet_kind, state.admin_token.is_set());
     let admin = kvgate::proxy::server::bind_admin(&state).await?;
     if let Some(a) = &admin {
+        let tls = state.config.server.tls.as_ref().is_some_and(|t| t.admin);
         tracing::info!(
             listen = %a.local_addr()?,
-            "admin listener serving /admin/*, /metrics, /health and /ready (plain HTTP)"
+            tls,
+            "admin listener serving /admin/*, /metrics, /health and /ready"
         );
     }
     tracing::info!(

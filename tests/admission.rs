@@ -1,7 +1,7 @@
 //! Admission control end to end: a saturated pool queues and admits as requests finish; 429s with
 //! `Retry-After` and a reason when the queue is full, the wait bound passes or a request is shed;
-//! priority order and tenant fair share as observed by the instance; the gateway's own endpoints
-//! unaffected. Every scenario runs over both serving paths: kvgate's HTTP/1.1 loop (a body with
+//! priority order, a key's `max_priority` ceiling and tenant fair share as observed by the
+//! instance; the gateway's own endpoints unaffected. Every scenario runs over both serving paths: kvgate's HTTP/1.1 loop (a body with
 //! a length) and hyper (a chunked body).
 //!
 //! The pool is one mock instance that holds every answer until the test releases it, with an
@@ -438,4 +438,128 @@ async fn disabled_admission_forwards_everything() {
     a.release(2);
     assert_eq!(first.await.unwrap().status(), 200);
     assert_eq!(second.await.unwrap().status(), 200);
+}
+
+/// A key's `max_priority` lowers what its requests ask for: a `critical` ask from a key capped at
+/// `standard` queues as standard, behind a critical request that came later from a key without a
+/// ceiling, while the uncapped key's `critical` is honoured.
+#[tokio::test]
+async fn a_keys_max_priority_lowers_the_asked_priority() {
+    let a = Mock::start("a").await;
+    a.set_mode(Mode::Held);
+    let mut c = admission_config(a.url());
+    let keys = fresh_dir("admission-ceiling").join("keys.toml");
+    std::fs::write(
+        &keys,
+        r#"
+[[keys]]
+key = "sk-capped"
+tenant = "capped"
+max_priority = "standard"
+
+[[keys]]
+key = "sk-free"
+tenant = "free"
+"#,
+    )
+    .unwrap();
+    c.auth.enabled = true;
+    c.auth.keys_file = keys.to_string_lossy().into_owned();
+    let gw = Gateway::start(c).await;
+    let first = send(
+        &gw,
+        Via::H1,
+        body("first", 10, None),
+        &[("authorization", "Bearer sk-free")],
+    );
+    assert!(eventually(10, || a.held() == 1).await);
+
+    /// Entries queued per class, most urgent first, as `/admin/admission` shows them.
+    async fn classes(gw: &Gateway) -> Vec<(String, u64)> {
+        let v: serde_json::Value =
+            serde_json::from_str(&gw.get_text("/admin/admission").await).unwrap();
+        v["pools"][0]["classes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["priority"].as_str().unwrap().to_string(),
+                    c["entries"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    }
+    let class = |name: &str, n: u64| (name.to_string(), n);
+
+    // Asked critical by header and by the body's vLLM priority: both queue as standard.
+    let by_header = send(
+        &gw,
+        Via::H1,
+        body("capped-header", 10, None),
+        &[
+            ("authorization", "Bearer sk-capped"),
+            ("x-kvgate-priority", "critical"),
+        ],
+    );
+    wait_queued(&gw, 1).await;
+    let by_body = send(
+        &gw,
+        Via::H1,
+        body("capped-body", 10, Some(-1)),
+        &[("authorization", "Bearer sk-capped")],
+    );
+    wait_queued(&gw, 2).await;
+    assert_eq!(
+        classes(&gw).await,
+        [
+            class("critical", 0),
+            class("standard", 2),
+            class("sheddable", 0)
+        ]
+    );
+    // A less urgent ask than the ceiling is kept as asked.
+    let shed = send(
+        &gw,
+        Via::H1,
+        body("capped-sheddable", 10, None),
+        &[
+            ("authorization", "Bearer sk-capped"),
+            ("x-kvgate-priority", "sheddable"),
+        ],
+    );
+    wait_queued(&gw, 3).await;
+    // The key without a ceiling gets the critical it asks for.
+    let critical = send(
+        &gw,
+        Via::H1,
+        body("free-critical", 10, None),
+        &[
+            ("authorization", "Bearer sk-free"),
+            ("x-kvgate-priority", "critical"),
+        ],
+    );
+    wait_queued(&gw, 4).await;
+    assert_eq!(
+        classes(&gw).await,
+        [
+            class("critical", 1),
+            class("standard", 2),
+            class("sheddable", 1)
+        ]
+    );
+
+    // Served in class order: the later uncapped critical first, the capped asks after it.
+    for n in 2..=5 {
+        next(&a, n).await;
+    }
+    a.release(1);
+    for h in [first, by_header, by_body, shed, critical] {
+        assert_eq!(h.await.unwrap().status(), 200);
+    }
+    assert_eq!(tag_of(&a, 1), "free-critical");
+    let mut standard = [tag_of(&a, 2), tag_of(&a, 3)];
+    standard.sort();
+    assert_eq!(standard, ["capped-body", "capped-header"]);
+    assert_eq!(tag_of(&a, 4), "capped-sheddable");
 }

@@ -58,12 +58,12 @@ pub async fn run(
     run_with_admin(listener, None, state, threads, shutdown).await
 }
 
-/// Binds `server.admin_listen`, when set.
+/// Binds `server.admin_listen`, when it is an address (not the main listener).
 pub async fn bind_admin(state: &AppState) -> std::io::Result<Option<TcpListener>> {
-    let addr = &state.config.server.admin_listen;
-    if addr.is_empty() {
+    if !state.config.server.has_admin_listener() {
         return Ok(None);
     }
+    let addr = &state.config.server.admin_listen;
     let backlog = state.config.server.limits.listen_backlog;
     super::limits::listen::bind(addr, backlog)
         .await
@@ -77,7 +77,7 @@ pub async fn bind_admin(state: &AppState) -> std::io::Result<Option<TcpListener>
 }
 
 /// [`run`], with the admin listener (`server.admin_listen`) already bound: `admin` must be
-/// given exactly when `server.admin_listen` is set (`None` then binds it here).
+/// given only when `server.admin_listen` is an address (`None` then binds it here).
 pub async fn run_with_admin(
     listener: TcpListener,
     admin: Option<TcpListener>,
@@ -90,7 +90,7 @@ pub async fn run_with_admin(
         Some(_) if !state.config.server.has_admin_listener() => {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
-                "an admin listener was given but server.admin_listen is empty",
+                "an admin listener was given but server.admin_listen names none",
             ))
         }
         Some(l) => Some(l),
@@ -397,6 +397,8 @@ mod tests {
     fn config(url: String) -> Config {
         let mut c = Config::default();
         c.server.shutdown_grace_ms = 5_000;
+        // Not the default admin listener (a fixed port) in front of these instances.
+        c.server.admin_listen = crate::config::ADMIN_ON_MAIN.into();
         c.pools = vec![PoolConfig::serving("m", vec![InstanceConfig::at("u", url)])];
         c
     }

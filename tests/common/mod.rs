@@ -300,9 +300,13 @@ fn async_stream(
     })
 }
 
-/// A config fronting `urls` as one pool of model `m`, with fast health checks.
+/// A config fronting `urls` as one pool of model `m`, with fast health checks and the admin
+/// surface on the main listener: the tests read `/metrics` and `/admin/*` there, which in front
+/// of real instances has to be asked for (the default is an admin listener on a fixed loopback
+/// port, which no test may bind; tests wanting one set `127.0.0.1:0`, bound by [`Gateway`]).
 pub fn config_for(urls: &[String]) -> Config {
     let mut c = Config::default();
+    c.server.admin_listen = kvgate::config::ADMIN_ON_MAIN.into();
     c.health.interval_ms = 50;
     c.health.timeout_ms = 500;
     c.health.models_refresh_ms = 100;
@@ -321,7 +325,8 @@ pub fn config_for(urls: &[String]) -> Config {
 /// A running gateway.
 pub struct Gateway {
     pub addr: SocketAddr,
-    /// The admin listener's address, when `server.admin_listen` is set (bound on port 0).
+    /// The admin listener's address, when `server.admin_listen` names one (bound on 127.0.0.1
+    /// port 0 whatever the address, so the default 127.0.0.1:9091 is never bound by a test).
     pub admin_addr: Option<SocketAddr>,
     pub state: kvgate::app::AppState,
     stop: Option<oneshot::Sender<()>>,

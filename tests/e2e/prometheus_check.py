@@ -109,10 +109,12 @@ def read_line(p, limit_s):
     return box[0]
 
 
-def gateway_config(listen, gossip_bind, seed, instances):
+def gateway_config(listen, admin_listen, gossip_bind, seed, instances):
     lines = [
         "[server]",
         f'listen = "{listen}"',
+        # /metrics on a loopback admin listener of its own, as in deploy/ (there 0.0.0.0:9091).
+        f'admin_listen = "{admin_listen}"',
         "shutdown_grace_ms = 2000",
         "[upstream]",
         # The fleet answers some requests 500: retry those on another instance.
@@ -271,26 +273,29 @@ def main():
         log(f"fleet: {len(instances)} simulated engines")
 
         http_ports = [free_port(), free_port()]
+        admin_ports = [free_port(), free_port()]
         gossip_ports = [free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_DGRAM)]
         gateways = []
         for i in range(2):
             cfg = os.path.join(work, f"gw{i}.toml")
             with open(cfg, "w") as f:
-                f.write(gateway_config(f"127.0.0.1:{http_ports[i]}", f"127.0.0.1:{gossip_ports[i]}",
+                f.write(gateway_config(f"127.0.0.1:{http_ports[i]}", f"127.0.0.1:{admin_ports[i]}",
+                                       f"127.0.0.1:{gossip_ports[i]}",
                                        f"127.0.0.1:{gossip_ports[1 - i]}", instances))
             start(f"gw{i}", [kvgate, "--config", cfg], work, env={"KVGATE_GOSSIP_SECRET": SECRET})
             gateways.append(f"http://127.0.0.1:{http_ports[i]}")
+        admins = [f"http://127.0.0.1:{p}" for p in admin_ports]
         for g in gateways:
             wait_until(f"{g}/ready", lambda g=g: http(f"{g}/ready", timeout=2)[0] == 200, 30)
-        for g in gateways:
-            wait_until(f"{g} gossip peer", lambda g=g: b"kvgate_gossip_peers 1" in http(f"{g}/metrics", timeout=2)[1], 30)
+        for a in admins:
+            wait_until(f"{a} gossip peer", lambda a=a: b"kvgate_gossip_peers 1" in http(f"{a}/metrics", timeout=2)[1], 30)
         log(f"gateways ready and gossiping: {gateways}")
 
         prom_port = free_port()
         prom = f"http://127.0.0.1:{prom_port}"
         targets = "\n".join(
             f"""      - targets: ["127.0.0.1:{p}"]
-        labels: {{pod: "gw-{i}", namespace: "e2e"}}""" for i, p in enumerate(http_ports))
+        labels: {{pod: "gw-{i}", namespace: "e2e"}}""" for i, p in enumerate(admin_ports))
         pcfg = os.path.join(work, "prometheus.yml")
         with open(pcfg, "w") as f:
             f.write(f"""global:
