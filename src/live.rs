@@ -101,6 +101,10 @@ pub fn apply(state: &AppState, pool: usize, set: &EndpointSet, last_error: &mut 
         tracing::warn!(pool = %model, endpoint = %name, "endpoint left out: {why}");
     }
     metrics::record_discovery_changes(model, "refused", change.refused.len());
+    for (name, other) in &change.other_model {
+        tracing::debug!(pool = %model, endpoint = %name, model = %other, "endpoint labelled for another model: not this pool's");
+    }
+    metrics::record_discovery_changes(model, "other_model", change.other_model.len());
     if change.is_empty() {
         return;
     }

@@ -320,7 +320,7 @@ fn build() -> Result<PrometheusHandle, String> {
     );
     describe_counter!(
         DISCOVERY_CHANGES,
-        "Membership changes by pool and kind (added, removed, revived, refused)."
+        "Membership changes by pool and kind (added, removed, revived; refused and other_model count endpoints left out, per look)."
     );
     describe_gauge!(
         DISCOVERY_UP,
