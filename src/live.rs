@@ -34,6 +34,9 @@ pub fn spawn(state: &AppState, token: CancellationToken) -> Vec<tokio::task::Joi
     let mut any = false;
     for pool in state.fleet.pools() {
         if !pool.config.is_discovered() {
+            // Its instances never change: sized once, so that dashboards and alerts over
+            // `kvgate_pool_instances` see every pool.
+            publish_sizes(state, pool.index);
             continue;
         }
         any = true;
