@@ -34,6 +34,9 @@ pub enum Mode {
     Slow(Duration),
     /// Holds each request until [`Mock::release`] lets it go, then answers with JSON.
     Held,
+    /// SSE: the first of `chunks` data events at once, then holds (counted in [`Mock::held`])
+    /// until [`Mock::release`], then the rest and `[DONE]`.
+    HeldStream { chunks: usize },
     /// SSE: up to `chunks` data events of `bytes` bytes each, sent as fast as the client reads.
     Flood { chunks: usize, bytes: usize },
 }
@@ -233,7 +236,42 @@ async fn proxied(State(s): State<Arc<MockState>>, req: Request) -> Response {
                 .into_response()
         }
         Mode::Flood { chunks, bytes } => flood(s.clone(), chunks, bytes),
+        Mode::HeldStream { chunks } => held_sse(s.clone(), chunks),
     }
+}
+
+fn held_sse(s: Arc<MockState>, chunks: usize) -> Response {
+    let guard = StreamGuard {
+        state: s.clone(),
+        done: false,
+    };
+    let stream = futures::stream::unfold((0usize, guard, s), move |(i, guard, s)| async move {
+        if i > chunks {
+            guard.finish();
+            return None;
+        }
+        if i == 1 {
+            s.held.fetch_add(1, Ordering::SeqCst);
+            if let Ok(p) = s.hold.acquire().await {
+                p.forget();
+            }
+            s.held.fetch_sub(1, Ordering::SeqCst);
+        }
+        if i == chunks {
+            return Some((
+                Ok::<_, std::io::Error>(Bytes::from_static(b"data: [DONE]\n\n")),
+                (i + 1, guard, s),
+            ));
+        }
+        let line = format!(
+            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i}\"}}}}]}}\n\n"
+        );
+        Some((Ok(Bytes::from(line)), (i + 1, guard, s)))
+    });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(stream))
+        .unwrap()
 }
 
 fn flood(s: Arc<MockState>, chunks: usize, bytes: usize) -> Response {

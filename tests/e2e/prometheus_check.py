@@ -2,7 +2,11 @@
 
 Starts a simulated fleet (`kvgate sim`, with a few injected 500s), two kvgate gateways in front of
 it gossiping with each other (admission control on, tight enough that requests wait and some are
-turned away), and Prometheus scraping both every second with the alert rules loaded. While
+turned away), a third gateway whose pool is discovered with the `dns` source (the name
+127.0.0.1, re-resolved every second, on the first engine's port: no DNS server needed) so that
+the discovery panels and rules see a discovered pool, and Prometheus scraping all three every
+second with the alert rules loaded. The third gateway does not gossip (its discovered instance
+is named `ip:port`, not as the others name the engines) and takes a little load of its own. While
 streaming chat load runs through both gateways (plus a few malformed requests and junk gossip
 datagrams), it evaluates every PromQL expression of every dashboard panel through
 GET /api/v1/query, Grafana variables replaced by concrete values, and fails if one errors or
@@ -109,7 +113,11 @@ def read_line(p, limit_s):
     return box[0]
 
 
-def gateway_config(listen, admin_listen, gossip_bind, seed, instances):
+def port_of(url):
+    return int(url.rstrip("/").rsplit(":", 1)[1])
+
+
+def gateway_config(listen, admin_listen, gossip_bind, seed, instances, discovered=False):
     lines = [
         "[server]",
         f'listen = "{listen}"',
@@ -125,16 +133,32 @@ def gateway_config(listen, admin_listen, gossip_bind, seed, instances):
         "max_engine_waiting = 0",
         "max_queue_entries = 4",
         "max_wait_ms = 300",
-        "[gossip]",
-        "enabled = true",
-        f'bind = "{gossip_bind}"',
-        f'seeds = ["{seed}"]',
-        'cluster_id = "e2e"',
+    ]
+    if gossip_bind:
+        lines += [
+            "[gossip]",
+            "enabled = true",
+            f'bind = "{gossip_bind}"',
+            f'seeds = ["{seed}"]',
+            'cluster_id = "e2e"',
+        ]
+    lines += [
         "[[pools]]",
         f'model = "{instances[0]["model"]}"',
         f'block_size = {instances[0]["block_size"]}',
         'tokenizer = "builtin"',
     ]
+    if discovered:
+        # The dns source resolving an address literal to the first engine (one port per dns
+        # pool, so one engine).
+        lines += [
+            "[pools.discovery]",
+            'source = "dns"',
+            'name = "127.0.0.1"',
+            f'port = {port_of(instances[0]["url"])}',
+            "interval_ms = 1000",
+        ]
+        return "\n".join(lines) + "\n"
     for i in instances:
         lines += [
             "[[pools.instances]]",
@@ -285,7 +309,16 @@ def main():
             start(f"gw{i}", [kvgate, "--config", cfg], work, env={"KVGATE_GOSSIP_SECRET": SECRET})
             gateways.append(f"http://127.0.0.1:{http_ports[i]}")
         admins = [f"http://127.0.0.1:{p}" for p in admin_ports]
-        for g in gateways:
+        # The third gateway: a discovered pool, no gossip.
+        http_ports.append(free_port())
+        admin_ports.append(free_port())
+        cfg = os.path.join(work, "gw2.toml")
+        with open(cfg, "w") as f:
+            f.write(gateway_config(f"127.0.0.1:{http_ports[2]}", f"127.0.0.1:{admin_ports[2]}", None, None,
+                                   instances, discovered=True))
+        start("gw2", [kvgate, "--config", cfg], work)
+        discovered = f"http://127.0.0.1:{http_ports[2]}"
+        for g in gateways + [discovered]:
             wait_until(f"{g}/ready", lambda g=g: http(f"{g}/ready", timeout=2)[0] == 200, 30)
         for a in admins:
             wait_until(f"{a} gossip peer", lambda a=a: b"kvgate_gossip_peers 1" in http(f"{a}/metrics", timeout=2)[1], 30)
@@ -315,7 +348,7 @@ scrape_configs:
         log(f"prometheus ready at {prom}")
 
         passed, failed = 0, []
-        with Load(gateways, instances[0]["model"]) as load:
+        with Load(gateways, instances[0]["model"]) as load, Load([discovered], instances[0]["model"], workers=1):
             warm_end = time.monotonic() + LOAD_WARMUP_S
             while time.monotonic() < warm_end and left() > 60:
                 junk_datagrams(gossip_ports)
