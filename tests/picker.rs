@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata}
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     body_mutation::Mutation, external_processor_client::ExternalProcessorClient,
     processing_request::Request as Req, processing_response::Response as Resp, HttpBody,
-    HttpHeaders, HttpTrailers, ProcessingRequest, ProcessingResponse,
+    HttpHeaders, HttpTrailers, ImmediateResponse, ProcessingRequest, ProcessingResponse,
 };
 use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
 use kvgate::config::{Config, FailureMode};
@@ -309,11 +309,15 @@ fn chat(seed: &str, words: usize, stream: bool) -> String {
 
 /// Three healthy mocks behind a gateway, and a picker over the same state.
 async fn setup(tune: impl FnOnce(&mut Config)) -> (Vec<Mock>, Gateway, PickerServer) {
-    let mocks = vec![
-        Mock::start("a").await,
-        Mock::start("b").await,
-        Mock::start("c").await,
-    ];
+    setup_n(3, tune).await
+}
+
+/// `n` healthy mocks behind a gateway, and a picker over the same state.
+async fn setup_n(n: usize, tune: impl FnOnce(&mut Config)) -> (Vec<Mock>, Gateway, PickerServer) {
+    let mut mocks = Vec::with_capacity(n);
+    for i in 0..n {
+        mocks.push(Mock::start(&format!("mock{i}")).await);
+    }
     let urls: Vec<String> = mocks.iter().map(|m| m.url()).collect();
     let mut cfg = config_for(&urls);
     cfg.picker.enabled = true;
@@ -323,7 +327,7 @@ async fn setup(tune: impl FnOnce(&mut Config)) -> (Vec<Mock>, Gateway, PickerSer
     assert!(
         eventually(10, || {
             let now = state.clock.now_ms();
-            state.fleet.view().serving().count() == 3
+            state.fleet.view().serving().count() == n
                 && state.fleet.view().serving().all(|i| i.health.usable(now))
         })
         .await,
@@ -1011,4 +1015,206 @@ async fn fields_the_proxy_would_not_forward_are_removed() {
         mutation.remove_headers,
         vec!["x-kvgate-instance".to_string()]
     );
+}
+
+/// The gateway's immediate answer in `m`, which must be one.
+fn immediate_of(m: &ProcessingResponse) -> &ImmediateResponse {
+    match &m.response {
+        Some(Resp::ImmediateResponse(i)) => i,
+        other => panic!("expected an immediate response, got {other:?}"),
+    }
+}
+
+/// A header the immediate answer sets, as text.
+fn immediate_header(i: &ImmediateResponse, name: &str) -> Option<String> {
+    i.headers
+        .as_ref()?
+        .set_headers
+        .iter()
+        .filter_map(|o| o.header.as_ref())
+        .find(|h| h.key.eq_ignore_ascii_case(name))
+        .map(|h| String::from_utf8(protocol::header_value(h).to_vec()).unwrap())
+}
+
+/// A refusal as either door gives it: status, `x-kvgate-reject-reason`, `Retry-After` and the
+/// error body's code.
+#[derive(Debug, PartialEq)]
+struct Refusal {
+    status: u16,
+    reason: Option<String>,
+    retry_after: Option<u64>,
+    code: String,
+}
+
+fn picker_refusal(m: &ProcessingResponse) -> Refusal {
+    let i = immediate_of(m);
+    let body: serde_json::Value = serde_json::from_slice(&i.body).expect("JSON error body");
+    Refusal {
+        status: u16::try_from(i.status.as_ref().expect("a status").code).unwrap(),
+        reason: immediate_header(i, "x-kvgate-reject-reason"),
+        retry_after: immediate_header(i, "retry-after").map(|v| v.parse().unwrap()),
+        code: body["error"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    }
+}
+
+async fn proxy_refusal(r: reqwest::Response) -> Refusal {
+    let text = |n: &str| r.headers().get(n).map(|v| v.to_str().unwrap().to_string());
+    let (status, reason, retry) = (
+        r.status().as_u16(),
+        text("x-kvgate-reject-reason"),
+        text("retry-after"),
+    );
+    let body: serde_json::Value = r.json().await.expect("JSON error body");
+    Refusal {
+        status,
+        reason,
+        retry_after: retry.map(|v| v.parse().unwrap()),
+        code: body["error"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    }
+}
+
+/// A chat request through the proxy door, in the background.
+fn proxy_chat(gw: &Gateway, body: String) -> tokio::task::JoinHandle<reqwest::Response> {
+    let req = client()
+        .post(gw.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(body);
+    tokio::spawn(async move { req.send().await.expect("answered") })
+}
+
+/// One instance under admission control with room for one request in flight, and one request
+/// held on its engine: the pool is saturated.
+async fn saturated(
+    tune: impl FnOnce(&mut Config),
+) -> (
+    Vec<Mock>,
+    Gateway,
+    PickerServer,
+    tokio::task::JoinHandle<reqwest::Response>,
+) {
+    let (mocks, gw, picker) = setup_n(1, |c| {
+        c.admission.enabled = true;
+        c.admission.max_inflight_per_instance = 1;
+        tune(c);
+    })
+    .await;
+    mocks[0].set_mode(Mode::Held);
+    let held = proxy_chat(&gw, chat("held", 20, false));
+    let m = &mocks[0];
+    assert!(
+        eventually(10, || m.held() == 1).await,
+        "one request held on the engine"
+    );
+    (mocks, gw, picker, held)
+}
+
+/// Admission control turns a request away (it waited out `max_wait_ms` behind a saturated
+/// pool): the picker answers the gateway's immediate 429 with `Retry-After` and the reason, the
+/// same status, reason and code as the proxy gives a request in the same situation, and
+/// neither request reaches the engine.
+#[tokio::test]
+async fn an_admission_wait_timeout_is_an_immediate_429_as_through_the_proxy() {
+    let (mocks, gw, picker, held) = saturated(|c| c.admission.max_wait_ms = 200).await;
+    let mut s = Stream::open(picker.addr).await;
+    s.request(
+        "/v1/chat/completions",
+        chat("waits", 20, false).as_bytes(),
+        2,
+        None,
+    )
+    .await;
+    let by_picker = picker_refusal(&s.expect().await);
+    assert_eq!(by_picker.status, 429, "{by_picker:?}");
+    assert_eq!(by_picker.reason.as_deref(), Some("wait_timeout"));
+    assert_eq!(by_picker.code, "overloaded");
+    assert!(
+        by_picker.retry_after.is_some_and(|s| s >= 1),
+        "{by_picker:?}"
+    );
+
+    let by_proxy = proxy_refusal(proxy_chat(&gw, chat("waits", 20, false)).await.unwrap()).await;
+    assert!(by_proxy.retry_after.is_some_and(|s| s >= 1), "{by_proxy:?}");
+    // Retry-After is a prediction of the moment; the rest is the same answer.
+    assert_eq!(
+        Refusal {
+            retry_after: None,
+            ..by_picker
+        },
+        Refusal {
+            retry_after: None,
+            ..by_proxy
+        },
+        "one core, two doors: the same refusal"
+    );
+    assert_eq!(
+        mocks[0].count(),
+        1,
+        "only the held request reached the engine"
+    );
+    mocks[0].release(1);
+    assert_eq!(held.await.unwrap().status(), 200);
+}
+
+/// The pool's queue is full (one request held on the engine, one waiting, room for one): the
+/// picker's next request is refused at once with 429 `queue_full`, as the proxy's is.
+#[tokio::test]
+async fn a_full_admission_queue_is_an_immediate_429_as_through_the_proxy() {
+    let (mocks, gw, picker, held) = saturated(|c| {
+        c.admission.max_queue_entries = 1;
+        c.admission.max_wait_ms = 10_000;
+    })
+    .await;
+    let queued = proxy_chat(&gw, chat("queued", 20, false));
+    let g = &gw;
+    assert!(
+        common::eventually_async(10, || async move {
+            let v: serde_json::Value =
+                serde_json::from_str(&g.get_text("/admin/admission").await).unwrap();
+            v["pools"][0]["entries"].as_u64() == Some(1)
+        })
+        .await,
+        "one request queued"
+    );
+    let mut s = Stream::open(picker.addr).await;
+    s.request(
+        "/v1/chat/completions",
+        chat("full", 20, false).as_bytes(),
+        1,
+        None,
+    )
+    .await;
+    let by_picker = picker_refusal(&s.expect().await);
+    assert_eq!(by_picker.status, 429, "{by_picker:?}");
+    assert_eq!(by_picker.reason.as_deref(), Some("queue_full"));
+    assert!(
+        by_picker.retry_after.is_some_and(|s| s >= 1),
+        "{by_picker:?}"
+    );
+    let by_proxy = proxy_refusal(proxy_chat(&gw, chat("full", 20, false)).await.unwrap()).await;
+    assert!(by_proxy.retry_after.is_some_and(|s| s >= 1), "{by_proxy:?}");
+    assert_eq!(
+        Refusal {
+            retry_after: None,
+            ..by_picker
+        },
+        Refusal {
+            retry_after: None,
+            ..by_proxy
+        },
+        "one core, two doors: the same refusal"
+    );
+    assert_eq!(
+        mocks[0].count(),
+        1,
+        "the refused requests never reached the engine"
+    );
+    mocks[0].release(2);
+    assert_eq!(held.await.unwrap().status(), 200);
+    assert_eq!(queued.await.unwrap().status(), 200);
 }
