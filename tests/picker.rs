@@ -1218,3 +1218,122 @@ async fn a_full_admission_queue_is_an_immediate_429_as_through_the_proxy() {
     assert_eq!(held.await.unwrap().status(), 200);
     assert_eq!(queued.await.unwrap().status(), 200);
 }
+
+/// The name of the instance behind `endpoint`.
+fn name_of(gw: &Gateway, endpoint: &str) -> String {
+    let view = gw.state.fleet.view();
+    let name = view
+        .serving()
+        .find(|i| i.authority == endpoint)
+        .map(|i| i.name.clone())
+        .expect("instance of the endpoint");
+    name
+}
+
+/// `kvgate_requests_total` of `instance` with status class `class`, summed over routes.
+fn requests_total(metrics: &str, instance: &str, class: &str) -> f64 {
+    let (inst, status) = (
+        format!("instance=\"{instance}\""),
+        format!("status=\"{class}\""),
+    );
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("kvgate_requests_total{") && l.contains(&inst) && l.contains(&status)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The `/admin/decisions` entry logged under `rid`.
+async fn decision_logged(gw: &Gateway, rid: &str) -> serde_json::Value {
+    let v: serde_json::Value =
+        serde_json::from_str(&gw.get_text("/admin/decisions").await).unwrap();
+    v["decisions"]
+        .as_array()
+        .expect("decisions")
+        .iter()
+        .find(|d| d["request_id"] == rid)
+        .unwrap_or_else(|| panic!("no decision logged under {rid}: {v}"))
+        .clone()
+}
+
+/// The gateway's side ends the response with trailers (headers, body chunks none of which ends
+/// the stream, then trailers): the trailers are answered, and they complete the request while
+/// the stream is still open — load released, the request counted as a 2xx answer of the chosen
+/// instance (not a cancellation), time to first token observed, the decision in the log.
+#[tokio::test]
+async fn response_trailers_complete_the_request() {
+    let (_mocks, gw, picker) = setup(|c| {
+        for (i, inst) in c.pools[0].instances.iter_mut().enumerate() {
+            // Names of this test's own: the metrics recorder is shared by the process.
+            inst.name = Some(format!("trailers{i}"));
+        }
+    })
+    .await;
+    let rid = "trailers-1";
+    let mut s = Stream::open(picker.addr).await;
+    s.send(req_headers(
+        "/v1/chat/completions",
+        &[("x-request-id", rid)],
+        false,
+        None,
+    ))
+    .await;
+    s.send(req_body(chat("trailers", 200, true).as_bytes(), true))
+        .await;
+    let d = s.decision().await;
+    let chosen = d.endpoints[0].clone();
+    let name = name_of(&gw, &chosen);
+    s.send(resp_headers(200, "text/event-stream", Some(&chosen)))
+        .await;
+    assert!(matches!(
+        s.expect().await.response,
+        Some(Resp::ResponseHeaders(_))
+    ));
+    for chunk in [
+        &b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"[..],
+        b"data: [DONE]\n\n",
+    ] {
+        s.send(resp_body(chunk, false)).await;
+        let m = s.expect().await;
+        assert!(matches!(m.response, Some(Resp::ResponseBody(_))), "{m:?}");
+    }
+    assert_eq!(
+        in_flight(&gw, &chosen),
+        1,
+        "no body chunk ended the response: the trailers will"
+    );
+    s.send(ProcessingRequest {
+        request: Some(Req::ResponseTrailers(HttpTrailers::default())),
+        ..Default::default()
+    })
+    .await;
+    let m = s.expect().await;
+    assert!(
+        matches!(m.response, Some(Resp::ResponseTrailers(_))),
+        "trailers answered: {m:?}"
+    );
+    // The trailers were observed before they were answered: nothing to wait for.
+    assert_eq!(in_flight(&gw, &chosen), 0, "load released by the trailers");
+    let metrics = gw.get_text("/metrics").await;
+    assert_eq!(
+        requests_total(&metrics, &name, "2xx"),
+        1.0,
+        "counted as an answer of {name}: {metrics}"
+    );
+    assert_eq!(requests_total(&metrics, &name, "cancelled"), 0.0);
+    {
+        let view = gw.state.fleet.view();
+        let inst = view.serving().find(|i| i.authority == chosen).unwrap();
+        assert!(inst.ttft.get().is_some(), "time to first token observed");
+    }
+    let logged = decision_logged(&gw, rid).await;
+    assert_eq!(logged["chosen"], name.as_str(), "{logged}");
+    // The gateway closes the stream; the request was finished once, as complete.
+    s.cancel();
+    assert!(s.recv().await.expect("clean end").is_none());
+    let metrics = gw.get_text("/metrics").await;
+    assert_eq!(requests_total(&metrics, &name, "2xx"), 1.0);
+    assert_eq!(requests_total(&metrics, &name, "cancelled"), 0.0);
+}
