@@ -540,70 +540,156 @@ async fn cancelled_stream_releases_the_load() {
     assert!(eventually(5, || in_flight(g, &chosen) == 0).await);
 }
 
+/// Which door a request goes through.
+#[derive(Clone, Copy, Debug)]
+enum Door {
+    Proxy,
+    Picker,
+}
+
+/// Routes `body` through `door` under request id `rid`, lets the answer finish, waits until no
+/// load is left, and returns the name of the instance that got it.
+async fn route_via(
+    door: Door,
+    gw: &Gateway,
+    picker: &PickerServer,
+    body: &str,
+    rid: &str,
+) -> String {
+    let name = match door {
+        Door::Proxy => {
+            let r = client()
+                .post(gw.url("/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .header("x-request-id", rid)
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let name = r.headers()["x-kvgate-instance"]
+                .to_str()
+                .unwrap()
+                .to_string();
+            r.bytes().await.unwrap();
+            name
+        }
+        Door::Picker => {
+            let mut s = Stream::open(picker.addr).await;
+            s.send(req_headers(
+                "/v1/chat/completions",
+                &[("x-request-id", rid)],
+                false,
+                None,
+            ))
+            .await;
+            let size = body.len().div_ceil(3);
+            let parts: Vec<&[u8]> = body.as_bytes().chunks(size).collect();
+            for (i, p) in parts.iter().enumerate() {
+                s.send(req_body(p, i + 1 == parts.len())).await;
+            }
+            let d = s.decision().await;
+            s.respond("application/json", None, &[b"{}"]).await;
+            name_of(gw, &d.endpoints[0])
+        }
+    };
+    let state = gw.state.clone();
+    assert!(
+        eventually(5, || {
+            let view = state.fleet.view();
+            let load = state.routing.load();
+            let idle = view.serving().all(|i| load.snapshot(i.id).in_flight == 0);
+            idle
+        })
+        .await,
+        "load released after {rid}"
+    );
+    name
+}
+
+/// What a logged decision says, every candidate's matched blocks by instance id.
+#[derive(Debug, PartialEq)]
+struct Said {
+    chosen: String,
+    prompt_blocks: u64,
+    matched_blocks: u64,
+    reason: String,
+    candidates: Vec<(u64, u64)>,
+}
+
+fn said(d: &serde_json::Value) -> Said {
+    let mut candidates: Vec<(u64, u64)> = d["decision"]["scores"]
+        .as_array()
+        .expect("scores")
+        .iter()
+        .map(|c| {
+            (
+                c["id"].as_u64().expect("candidate id"),
+                c["matched_blocks"].as_u64().expect("matched blocks"),
+            )
+        })
+        .collect();
+    candidates.sort();
+    Said {
+        chosen: d["chosen"].as_str().expect("chosen").to_string(),
+        prompt_blocks: d["prompt_blocks"].as_u64().expect("prompt blocks"),
+        matched_blocks: d["decision"]["matched_blocks"].as_u64().expect("matched"),
+        reason: d["decision"]["reason"]
+            .as_str()
+            .expect("reason")
+            .to_string(),
+        candidates,
+    }
+}
+
+/// One core, two doors. A prompt placed through one door is routed through the other to the
+/// instance that computed it; then the same prompt, against the same state, gets the same
+/// decision through both doors — instance, matched blocks, reason, and every candidate's
+/// matched blocks. The prompt's blocks are cached on one instance only (the others match
+/// none), so the doors cannot agree by a tie-break.
 #[tokio::test]
 async fn one_core_two_doors_make_the_same_decisions() {
     let (mocks, gw, picker) = setup(|_| {}).await;
     for m in &mocks {
         m.set_mode(Mode::Json);
     }
-    let name_of = |endpoint: &str| -> String {
-        let view = gw.state.fleet.view();
-        let name = view
-            .serving()
-            .find(|i| i.authority == endpoint)
-            .map(|i| i.name.clone())
-            .expect("instance");
-        name
-    };
-    // Proxy first: the prompt is placed where the proxy sent it; the picker follows the index.
-    let p = chat("proxyfirst", 600, false);
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(p.clone())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let by_proxy = r.headers()["x-kvgate-instance"]
-        .to_str()
-        .unwrap()
-        .to_string();
-    let mut s = Stream::open(picker.addr).await;
-    s.request("/v1/chat/completions", p.as_bytes(), 2, None)
-        .await;
-    let d = s.decision().await;
-    assert_eq!(
-        name_of(&d.endpoints[0]),
-        by_proxy,
-        "picker follows the proxy's placement"
-    );
-    s.respond("application/json", None, &[b"{}"]).await;
-
-    // Picker first: the proxy follows the picker's placement.
-    let q = chat("pickerfirst", 600, false);
-    let mut s = Stream::open(picker.addr).await;
-    s.request("/v1/chat/completions", q.as_bytes(), 4, None)
-        .await;
-    let d = s.decision().await;
-    let by_picker = name_of(&d.endpoints[0]);
-    s.respond("application/json", None, &[b"{}"]).await;
-    let g = &gw;
-    let e = d.endpoints[0].clone();
-    assert!(eventually(5, || in_flight(g, &e) == 0).await);
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(q.clone())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    assert_eq!(
-        r.headers()["x-kvgate-instance"].to_str().unwrap(),
-        by_picker,
-        "proxy follows the picker's placement"
-    );
+    for (seed, first, other) in [
+        ("proxyfirst", Door::Proxy, Door::Picker),
+        ("pickerfirst", Door::Picker, Door::Proxy),
+    ] {
+        let p = chat(seed, 600, false);
+        let placed = route_via(first, &gw, &picker, &p, &format!("{seed}-0")).await;
+        let placement = said(&decision_logged(&gw, &format!("{seed}-0")).await);
+        assert_eq!(placement.matched_blocks, 0, "a new prompt: {placement:?}");
+        // The other door follows the placement, then the first door decides again.
+        let followed = route_via(other, &gw, &picker, &p, &format!("{seed}-1")).await;
+        assert_eq!(followed, placed, "{other:?} follows {first:?}'s placement");
+        let again = route_via(first, &gw, &picker, &p, &format!("{seed}-2")).await;
+        assert_eq!(again, placed);
+        let by_other = said(&decision_logged(&gw, &format!("{seed}-1")).await);
+        let by_first = said(&decision_logged(&gw, &format!("{seed}-2")).await);
+        assert_eq!(
+            by_other, by_first,
+            "{other:?} and {first:?} decide alike on the same state"
+        );
+        assert_eq!(by_other.chosen, placed);
+        assert!(
+            by_other.matched_blocks > 0 && by_other.matched_blocks <= by_other.prompt_blocks,
+            "the prompt matches cached blocks: {by_other:?}"
+        );
+        let holding: Vec<u64> = by_other
+            .candidates
+            .iter()
+            .filter(|(_, m)| *m > 0)
+            .map(|(id, _)| *id)
+            .collect();
+        assert_eq!(
+            holding.len(),
+            1,
+            "only the placed instance holds the prefix: {by_other:?}"
+        );
+        assert_eq!(by_other.candidates.len(), 3, "{by_other:?}");
+    }
 }
 
 #[tokio::test]
