@@ -1423,3 +1423,128 @@ async fn response_trailers_complete_the_request() {
     assert_eq!(requests_total(&metrics, &name, "2xx"), 1.0);
     assert_eq!(requests_total(&metrics, &name, "cancelled"), 0.0);
 }
+
+/// The picker's candidates from an `inference_pool` discovery source: a pool `qwen` on the
+/// fake Kubernetes API server selects two ready pods (engines on 127.0.0.1 and 127.0.0.2, the
+/// pool's one target port). The picker names the pods' endpoints; once the server removes the
+/// pod a prompt was placed on, the picker stops naming it, and routes that prompt to the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn candidates_come_from_an_inference_pool_and_follow_its_pods() {
+    use kvgate_discovery::fake_api::{pod, pool_v1, FakeApi, NS, PODS, POOLS_V1};
+    use serde_json::json;
+    // The pods of one InferencePool share its target port: the first engine's port, chosen
+    // by the system, and the same port on a second loopback address.
+    let (engines, port) = loop {
+        let first = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = first.local_addr().unwrap().port();
+        if let Ok(second) = tokio::net::TcpListener::bind(("127.0.0.2", port)).await {
+            break (
+                [
+                    Mock::start_on("pod0", first),
+                    Mock::start_on("pod1", second),
+                ],
+                port,
+            );
+        }
+    };
+    let labels = json!({"app": "qwen"});
+    let pod_at =
+        |name: &str, rv: &str, ip: &str| pod(name, rv, ip, true, labels.clone(), json!({}));
+    let api = FakeApi::start().await.unwrap();
+    api.list(
+        POOLS_V1,
+        "3",
+        vec![pool_v1("qwen", "3", labels.clone(), port)],
+    );
+    let _pools = api.watch(POOLS_V1);
+    api.list(
+        PODS,
+        "5",
+        vec![
+            pod_at("qwen-0", "5", "127.0.0.1"),
+            pod_at("qwen-1", "5", "127.0.0.2"),
+        ],
+    );
+    let pods = api.watch(PODS);
+
+    let mut cfg = config_for(&[]);
+    cfg.picker.enabled = true;
+    let pool = &mut cfg.pools[0];
+    pool.instances.clear();
+    pool.discovery.source = kvgate_discovery::SourceKind::Kubernetes;
+    pool.discovery.api_server = Some(api.url());
+    pool.discovery.namespace = Some(NS.into());
+    pool.discovery.inference_pool = Some("qwen".into());
+    pool.discovery.drain_grace_ms = 200;
+    let gw = Gateway::start(cfg).await;
+    let endpoint = |ip: &str| format!("{ip}:{port}");
+    let all = [endpoint("127.0.0.1"), endpoint("127.0.0.2")];
+    let serving = |gw: &Gateway| -> Vec<String> {
+        let now = gw.state.clock.now_ms();
+        let view = gw.state.fleet.view();
+        let mut v: Vec<String> = view
+            .serving()
+            .filter(|i| i.health.usable(now))
+            .map(|i| i.authority.clone())
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(
+        eventually(10, || serving(&gw) == all).await,
+        "the pool's pods discovered: {:?}",
+        serving(&gw)
+    );
+    assert_eq!(
+        api.seen(PODS, false)[0].query["labelSelector"],
+        "app=qwen",
+        "pods chosen by the pool's selector"
+    );
+    let picker = PickerServer::start(&gw.state).await;
+
+    let p = chat("k8s", 400, false);
+    let mut s = Stream::open(picker.addr).await;
+    s.request("/v1/chat/completions", p.as_bytes(), 2, None)
+        .await;
+    let d = s.decision().await;
+    let mut named = d.endpoints.clone();
+    named.sort();
+    assert_eq!(named, all, "the chosen pod, then the other as fallback");
+    let placed = d.endpoints[0].clone();
+    s.respond("application/json", None, &[b"{}"]).await;
+    let g = &gw;
+    assert!(eventually(5, || in_flight(g, &placed) == 0).await);
+
+    // The API server removes the pod the prompt was placed on.
+    let (gone_pod, gone_ip, kept) = if placed == all[0] {
+        ("qwen-0", "127.0.0.1", all[1].clone())
+    } else {
+        ("qwen-1", "127.0.0.2", all[0].clone())
+    };
+    pods.event("DELETED", pod_at(gone_pod, "6", gone_ip));
+    assert!(
+        eventually(10, || serving(&gw) == [kept.clone()]).await,
+        "{gone_pod} left the fleet: {:?}",
+        serving(&gw)
+    );
+    for (i, body) in [
+        p.clone(),
+        chat("k8s-after", 100, false),
+        chat("k8s-more", 100, true),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut s = Stream::open(picker.addr).await;
+        s.request("/v1/chat/completions", body.as_bytes(), 1, None)
+            .await;
+        let d = s.decision().await;
+        assert_eq!(
+            d.endpoints,
+            vec![kept.clone()],
+            "request {i}: only the remaining pod is named (not {placed})"
+        );
+        s.respond("application/json", None, &[b"{}"]).await;
+    }
+    drop(engines);
+}
