@@ -2,7 +2,9 @@
 //!
 //! Invariants:
 //! - [`run`] takes an already bound listener, so tests bind `127.0.0.1:0` and read the port
-//!   ([`run_with_admin`] the admin listener too, when `server.admin_listen` is set).
+//!   ([`run_with_admin`] the admin listener too, when `server.admin_listen` is set). With
+//!   `server.listen` empty (the endpoint picker as the only door) the binary serves the admin
+//!   listener alone through [`crate::proxy::server::run_with_admin`].
 //! - With `server.admin_listen` the admin surface (`/admin/*`, `/metrics`) is served only by
 //!   [`admin_router`] on that listener; [`router`] answers it 404. `/health` and `/ready` are on
 //!   both.
@@ -388,5 +390,5 @@ pub async fn run_with_admin(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    crate::proxy::server::run_with_admin(listener, Some(admin), state, 1, shutdown).await
+    crate::proxy::server::run_with_admin(Some(listener), Some(admin), state, 1, shutdown).await
 }

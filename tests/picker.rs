@@ -1548,3 +1548,225 @@ async fn candidates_come_from_an_inference_pool_and_follow_its_pods() {
     }
     drop(engines);
 }
+
+/// The sockets `pid` listens on (TCP, IPv4 and IPv6), by local port: its socket descriptors
+/// matched against the kernel's tables of listening sockets.
+fn listening_ports(pid: u32) -> Vec<u16> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            l.strip_prefix("socket:[")?
+                .strip_suffix(']')
+                .map(str::to_string)
+        })
+        .collect();
+    let mut ports = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for row in text.lines().skip(1) {
+            let f: Vec<&str> = row.split_whitespace().collect();
+            // local_address is f[1] (`ADDR:PORT` in hex), st f[3] (0A: LISTEN), inode f[9].
+            if f.len() > 9 && f[3] == "0A" && inodes.iter().any(|i| i == f[9]) {
+                let port = f[1].rsplit(':').next().unwrap();
+                ports.push(u16::from_str_radix(port, 16).unwrap());
+            }
+        }
+    }
+    ports.sort();
+    ports
+}
+
+/// A kvgate process started from the binary; killed when dropped.
+struct Process {
+    child: std::process::Child,
+    /// `message` → `listen` of the JSON log lines that announce a listener.
+    announced: std::collections::HashMap<String, String>,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `kvgate --config <toml> --log-format json` and reads its log until every line of
+/// `awaited` (messages announcing a listener) has been logged.
+fn start_binary(toml: &str, awaited: &[&str]) -> Process {
+    use std::io::BufRead;
+    let config = common::fresh_dir("picker-only").join("kvgate.toml");
+    std::fs::write(&config, toml).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--log-format")
+        .arg("json")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            if let (Some(m), Some(l)) = (v["message"].as_str(), v["listen"].as_str()) {
+                let _ = tx.send((m.to_string(), l.to_string()));
+            }
+        }
+    });
+    let mut p = Process {
+        child,
+        announced: Default::default(),
+    };
+    while let Some(missing) = awaited.iter().find(|m| !p.announced.contains_key(**m)) {
+        let (m, l) = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("kvgate did not log `{missing}`: {:?}", p.announced));
+        p.announced.insert(m, l);
+    }
+    p
+}
+
+/// The binary's log lines announcing its listeners (`listen` field).
+const SERVING: &str = "kvgate serving";
+const ADMIN: &str = "admin listener serving /admin/*, /metrics, /health and /ready (plain HTTP)";
+const PICKER: &str = "endpoint picker (ext_proc) serving";
+
+/// Picker only, from the binary: with `server.listen = ""` kvgate listens on the admin
+/// listener and the picker's port and nothing else; the admin surface is served; the background
+/// tasks run (an engine failing its health checks leaves the picker's choice); the picker's
+/// decisions are listed on the admin listener. Without the picker, or without an admin
+/// listener, such a config is refused, naming `server.listen`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn picker_only_serves_no_http_proxy_and_keeps_the_admin_surface() {
+    let mut cfg = config_for(&["http://127.0.0.1:1".to_string()]);
+    cfg.server.listen = String::new();
+    let e = cfg.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("server.listen") && e.contains("picker.enabled"),
+        "{e}"
+    );
+    cfg.picker.enabled = true;
+    let e = cfg.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("server.listen") && e.contains("server.admin_listen"),
+        "{e}"
+    );
+    cfg.server.admin_listen = "127.0.0.1:0".into();
+    cfg.validate().unwrap();
+
+    let mocks = [Mock::start("only0").await, Mock::start("only1").await];
+    let p = start_binary(
+        &format!(
+            r#"
+[server]
+listen = ""
+admin_listen = "127.0.0.1:0"
+shutdown_grace_ms = 1000
+
+[health]
+interval_ms = 50
+timeout_ms = 500
+
+[picker]
+enabled = true
+listen = "127.0.0.1:0"
+
+[[pools]]
+model = "m"
+
+[[pools.instances]]
+name = "only0"
+url = "{}"
+
+[[pools.instances]]
+name = "only1"
+url = "{}"
+"#,
+            mocks[0].url(),
+            mocks[1].url()
+        ),
+        &[SERVING, ADMIN, PICKER],
+    );
+    assert_eq!(p.announced[SERVING], "none (picker only)");
+    let admin: SocketAddr = p.announced[ADMIN].parse().unwrap();
+    let picker: SocketAddr = p.announced[PICKER].parse().unwrap();
+    assert_eq!(
+        listening_ports(p.child.id()),
+        {
+            let mut v = vec![admin.port(), picker.port()];
+            v.sort();
+            v
+        },
+        "listening on the admin listener and the picker only"
+    );
+    let get = |path: &str| {
+        let url = format!("http://{admin}{path}");
+        async move { client().get(url).send().await.unwrap() }
+    };
+    assert_eq!(get("/health").await.status(), 200);
+    let g = &get;
+    assert!(
+        common::eventually_async(10, || async move { g("/ready").await.status() == 200 }).await,
+        "ready"
+    );
+    assert!(get("/metrics")
+        .await
+        .text()
+        .await
+        .unwrap()
+        .contains("kvgate_"));
+
+    // The picker routes over both engines, and its decision is listed on the admin listener.
+    let both: Vec<String> = mocks.iter().map(authority).collect();
+    let mut s = Stream::open(picker).await;
+    s.send(req_headers(
+        "/v1/chat/completions",
+        &[("x-request-id", "only-1")],
+        false,
+        None,
+    ))
+    .await;
+    s.send(req_body(chat("only", 100, false).as_bytes(), true))
+        .await;
+    let d = s.decision().await;
+    let mut named = d.endpoints.clone();
+    named.sort();
+    let mut sorted = both.clone();
+    sorted.sort();
+    assert_eq!(named, sorted);
+    s.respond("application/json", None, &[b"{}"]).await;
+    let decisions = get("/admin/decisions").await.text().await.unwrap();
+    assert!(
+        decisions.contains("\"request_id\":\"only-1\""),
+        "{decisions}"
+    );
+
+    // Health checks run without the proxy listener: a failing engine leaves the choice.
+    mocks[1].set_healthy(false);
+    let only = vec![both[0].clone()];
+    let only_ref = &only;
+    assert!(
+        common::eventually_async(10, || async move {
+            let mut s = Stream::open(picker).await;
+            s.request(
+                "/v1/chat/completions",
+                chat("after", 50, false).as_bytes(),
+                1,
+                None,
+            )
+            .await;
+            s.decision().await.endpoints == *only_ref
+        })
+        .await,
+        "the unhealthy engine is no longer named"
+    );
+}

@@ -29,7 +29,10 @@ impl std::str::FromStr for LogFormat {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
-    /// Socket address the gateway listens on.
+    /// Socket address the gateway listens on: the HTTP proxy (and the admin surface when
+    /// `admin_listen` is empty). Empty: no HTTP proxy listener at all — the endpoint picker
+    /// (`[picker]`) is the only door to the fleet, and the admin surface is on `admin_listen`,
+    /// which must then be set.
     pub listen: String,
     /// A second socket address serving only the admin surface (`/admin/*`, `/metrics`, plus
     /// `/health` and `/ready`), plain HTTP. Set: the main listener answers `/admin/*` and
@@ -78,6 +81,11 @@ impl Default for ServerConfig {
 }
 
 impl ServerConfig {
+    /// True when `listen` is set: the HTTP proxy is served (false: picker only).
+    pub fn has_proxy_listener(&self) -> bool {
+        !self.listen.is_empty()
+    }
+
     /// True when `admin_listen` moves the admin surface to a listener of its own.
     pub fn has_admin_listener(&self) -> bool {
         !self.admin_listen.is_empty()
