@@ -2,7 +2,9 @@
 //!
 //! Invariants:
 //! - [`run`] takes an already bound listener, so tests bind `127.0.0.1:0` and read the port
-//!   ([`run_with_admin`] the admin listener too, when `server.admin_listen` is set).
+//!   ([`run_with_admin`] the admin listener too, when `server.admin_listen` is set). With
+//!   `server.listen` empty (the endpoint picker as the only door) the binary serves the admin
+//!   listener alone through [`crate::proxy::server::run_with_admin`].
 //! - With an admin listener (`server.admin_listen` an address, by default `127.0.0.1:9091` in
 //!   front of real instances without an admin token) the admin surface (`/admin/*`, `/metrics`)
 //!   is served only by [`admin_router`] on that listener; [`router`] answers it 404. `/health` and
@@ -256,7 +258,7 @@ pub fn warn_open_surfaces(config: &Config, fleet: crate::config::FleetKind, admi
     if !config.auth.enabled {
         // Real instances with no keys: anyone who reaches the port spends their capacity.
         tracing::warn!(
-            listen = %s.listen,
+            listen = %if s.has_proxy_listener() { &s.listen } else { &config.picker.listen },
             "[auth] is OFF in front of real instances: the gateway is OPEN, any client that can reach it may use every model; set auth.enabled = true (docs/security.md)"
         );
     }
@@ -421,7 +423,7 @@ pub async fn run_with_admin(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    crate::proxy::server::run_with_admin(listener, Some(admin), state, 1, shutdown).await
+    crate::proxy::server::run_with_admin(Some(listener), Some(admin), state, 1, shutdown).await
 }
 
 #[cfg(test)]

@@ -311,10 +311,27 @@ impl Config {
     /// Checks every value; the error names the first offending key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let s = &self.server;
-        if s.listen.parse::<std::net::SocketAddr>().is_err() {
+        if !s.has_proxy_listener() {
+            // Picker only: something must still serve the fleet, and the admin surface.
+            if !self.picker.enabled {
+                return Err(invalid(
+                    "server.listen",
+                    "is empty (no HTTP proxy listener), which serves only the endpoint picker: set picker.enabled = true, or give a socket address like 127.0.0.1:8080",
+                ));
+            }
+            if !s.has_admin_listener() {
+                return Err(invalid(
+                    "server.listen",
+                    "is empty (no HTTP proxy listener): set server.admin_listen to serve /health, /ready, /metrics and /admin/*",
+                ));
+            }
+        } else if s.listen.parse::<std::net::SocketAddr>().is_err() {
             return Err(invalid(
                 "server.listen",
-                format!("`{}` is not a socket address like 127.0.0.1:8080", s.listen),
+                format!(
+                    "`{}` is not a socket address like 127.0.0.1:8080 (empty: no HTTP proxy listener, picker only)",
+                    s.listen
+                ),
             ));
         }
         // An empty admin_listen is checked as what it stands for; the admin token from the

@@ -58,7 +58,10 @@ pub fn admin_listen_default(fleet: FleetKind, admin_token: bool) -> &'static str
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
-    /// Socket address the gateway listens on.
+    /// Socket address the gateway listens on: the HTTP proxy (and the admin surface when
+    /// `admin_listen` is empty). Empty: no HTTP proxy listener at all — the endpoint picker
+    /// (`[picker]`) is the only door to the fleet, and the admin surface is on `admin_listen`,
+    /// which must then be set.
     pub listen: String,
     /// Where the admin surface (`/admin/*`, `/metrics`) is served:
     /// - a socket address: a listener of its own, serving only it plus `/health` and `/ready`;
@@ -109,6 +112,11 @@ impl Default for ServerConfig {
 }
 
 impl ServerConfig {
+    /// True when `listen` is set: the HTTP proxy is served (false: picker only).
+    pub fn has_proxy_listener(&self) -> bool {
+        !self.listen.is_empty()
+    }
+
     /// True when `admin_listen` moves the admin surface to a listener of its own. An empty
     /// `admin_listen` counts as none here: [`crate::config::Config::settle_admin_listen`] gives
     /// it its value first (the gateway's state does that when it is built).

@@ -72,6 +72,13 @@ pub struct Mock {
 
 impl Mock {
     pub async fn start(name: &str) -> Mock {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_on(name, listener)
+    }
+
+    /// A mock serving on `listener` (e.g. another loopback address on a port chosen for the
+    /// first, as the pods of one Kubernetes pool share a port).
+    pub fn start_on(name: &str, listener: tokio::net::TcpListener) -> Mock {
         let state = Arc::new(MockState {
             name: name.to_string(),
             mode: Mutex::new(Mode::Json),
@@ -93,7 +100,6 @@ impl Mock {
             .route("/v1/models", get(models))
             .route("/metrics", get(metrics))
             .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel::<()>();
         tokio::spawn(async move {
