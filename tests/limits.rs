@@ -60,6 +60,7 @@ both_paths!(
     at_the_cap_busy_and_mid_head_connections_are_not_evicted,
     peer_closed_connections_free_their_places_promptly,
     connect_and_close_churn_at_the_cap_does_not_block_a_client,
+    tcp_keepalive_is_set_on_accepted_connections,
 );
 
 fn config(mock: &Mock) -> Config {
@@ -680,6 +681,84 @@ async fn connect_and_close_churn_at_the_cap_does_not_block_a_client(path: Path) 
         "{path:?}: a request took {max:?}"
     );
     assert!(eventually(5, || gw.state.limits.open_connections() == 0).await);
+}
+
+/// SO_KEEPALIVE, TCP_KEEPIDLE and TCP_KEEPINTVL of the gateway's end of a connection: the socket
+/// of this process (the gateway runs in it) whose address is `server` and whose peer is `client`.
+/// `None` when no such socket is open.
+#[cfg(target_os = "linux")]
+fn gateway_keepalive(
+    server: std::net::SocketAddr,
+    client: std::net::SocketAddr,
+) -> Option<(bool, u64, u64)> {
+    use std::os::fd::{BorrowedFd, RawFd};
+    for entry in std::fs::read_dir("/proc/self/fd").ok()?.flatten() {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<RawFd>().ok())
+        else {
+            continue;
+        };
+        let is_socket = std::fs::read_link(entry.path())
+            .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"));
+        if !is_socket {
+            continue;
+        }
+        // SAFETY: the descriptor is only read (getsockname, getpeername, getsockopt), never
+        // closed or kept. If a test on another thread closes it meanwhile, the calls fail
+        // (EBADF), or read whatever reused the number, whose addresses do not match.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let s = socket2::SockRef::from(&fd);
+        let (Ok(local), Ok(peer)) = (s.local_addr(), s.peer_addr()) else {
+            continue;
+        };
+        if local.as_socket() == Some(server) && peer.as_socket() == Some(client) {
+            return Some((
+                s.keepalive().ok()?,
+                s.tcp_keepalive_time().ok()?.as_secs(),
+                s.tcp_keepalive_interval().ok()?.as_secs(),
+            ));
+        }
+    }
+    None
+}
+
+/// TCP keepalive as configured, read back from the gateway's end of a connection served on
+/// `path`, and of one on the admin listener (the same acceptor code, under its own limits).
+/// Whole seconds, as the kernel keeps them.
+async fn tcp_keepalive_is_set_on_accepted_connections(path: Path) {
+    let mock = Mock::start("a").await;
+    let mut cfg = config(&mock);
+    // Not the kernel's defaults (7200 s, 75 s), so that only the gateway can have set them.
+    cfg.server.limits.tcp_keepalive_idle_ms = 7_000;
+    cfg.server.limits.tcp_keepalive_interval_ms = 3_000;
+    cfg.server.admin_listen = "127.0.0.1:0".into();
+    let gw = Gateway::start(cfg).await;
+    // Answered: accepted and configured before its request was read.
+    let c = Conn::on(&gw, path).await;
+    let client = c.s.local_addr().unwrap();
+    #[cfg(target_os = "linux")]
+    assert_eq!(
+        gateway_keepalive(gw.addr, client),
+        Some((true, 7, 3)),
+        "{path:?}"
+    );
+    let admin_addr = gw.admin_addr.unwrap();
+    let mut admin = TcpStream::connect(admin_addr).await.unwrap();
+    admin
+        .write_all(b"GET /health HTTP/1.1\r\nhost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = [0u8; 64];
+    let n = timeout(SLACK, admin.read(&mut got)).await.unwrap().unwrap();
+    assert!(got[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &got[..n]);
+    #[cfg(target_os = "linux")]
+    assert_eq!(
+        gateway_keepalive(admin_addr, admin.local_addr().unwrap()),
+        Some((true, 7, 3)),
+        "admin listener"
+    );
 }
 
 /// 200 clients trickling heads (half on each path), a flood of connect-and-close, and a client
