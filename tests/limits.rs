@@ -916,11 +916,9 @@ async fn http2_body_that_stops_arriving_gets_408() {
 /// reopened) is cut within the write timeout, and the upstream stream is cancelled, as on
 /// HTTP/1.1 (`client_that_stops_reading_is_cut_and_upstream_cancelled`).
 ///
-/// Fails today: such a client does not stall the gateway's socket writes (the write timeout's
-/// signal), it closes its window, and hyper then stops polling the answer; nothing times that
-/// out (see "Writes" in docs/limits.md).
+/// Such a client does not stall the gateway's socket writes, it closes its window; the answer's
+/// own deadline (`limits::io::Stall`) is what cuts it.
 #[tokio::test]
-#[ignore = "HTTP/2 flow-control stalls are not cut yet (docs/limits.md, Writes)"]
 async fn http2_client_that_stops_reading_is_cut_and_upstream_cancelled() {
     let mock = Mock::start("a").await;
     let gw = Gateway::start(config(&mock)).await;
@@ -956,4 +954,33 @@ async fn http2_client_that_stops_reading_is_cut_and_upstream_cancelled() {
         0
     );
     drop(resp);
+}
+
+/// HTTP/2: an answer whose upstream pauses longer than the write timeout between events, read
+/// by its client as it comes, is relayed whole: waiting on the upstream is not a stalled client.
+#[tokio::test]
+async fn http2_slow_upstream_is_not_a_stalled_client() {
+    let mock = Mock::start("a").await;
+    let gw = Gateway::start(config(&mock)).await;
+    mock.set_mode(Mode::Stream {
+        chunks: 3,
+        delay: Duration::from_millis(2 * WRITE_MS),
+    });
+    let resp = h2_client()
+        .post(gw.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(chat_of(100, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.expect("the whole stream");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_eq!(
+        mock.state
+            .streams_completed
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
 }

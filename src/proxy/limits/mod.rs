@@ -8,7 +8,8 @@
 //!   `header_read_timeout_ms`. Both close the connection without an answer.
 //! - A complete head's declared body must arrive within `body_read_timeout_ms` (408, close).
 //! - A write that makes no progress for `write_timeout_ms` cuts the connection, which drops the
-//!   answer's body and with it the upstream request.
+//!   answer's body and with it the upstream request. On HTTP/2 the same bound holds per stream
+//!   (an answer whose client shut its window), and cuts only that stream ([`io::Counted`]).
 //! - Every served connection holds one place of the connection cap for its whole life
 //!   ([`places::Place`]). At the cap a new connection takes the place of the connection idle the
 //!   longest, which closes (`evict_idle_at_capacity`, see [`places`]); when none is idle the
