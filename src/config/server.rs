@@ -170,9 +170,10 @@ pub struct LimitsConfig {
     /// capped by the kernel at `net.core.somaxconn`). Beyond it a new client's SYN is dropped
     /// and it waits out a retransmit (a second or more), so a burst of connections must fit.
     pub listen_backlog: u32,
-    /// TCP keepalive on accepted sockets: idle time before the first probe.
+    /// TCP keepalive on accepted sockets: idle time before the first probe (whole seconds in
+    /// the kernel: rounded up, at least 1 s).
     pub tcp_keepalive_idle_ms: u64,
-    /// TCP keepalive: time between unanswered probes.
+    /// TCP keepalive: time between unanswered probes (rounded up to whole seconds, as above).
     pub tcp_keepalive_interval_ms: u64,
     /// Request body bytes held in memory at once, across all connections. A request whose body
     /// does not fit waits up to `body_budget_wait_ms`, then gets 503; one larger than the whole
