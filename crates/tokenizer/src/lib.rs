@@ -40,6 +40,7 @@
 //! of it (a property prefix caching relies on).
 
 pub mod cache;
+pub mod cl100k;
 mod error;
 mod message;
 mod template;
