@@ -173,7 +173,11 @@ fn large_real_texts_encode_like_tiktoken() {
             texts.push((f.display().to_string(), text));
         }
     }
-    assert!(files.len() > 100 && total > 1_000_000, "{} files, {total} bytes", files.len());
+    assert!(
+        files.len() > 100 && total > 1_000_000,
+        "{} files, {total} bytes",
+        files.len()
+    );
 
     let mut tokens = 0;
     for (name, text) in &texts {
@@ -182,6 +186,9 @@ fn large_real_texts_encode_like_tiktoken() {
         }
         tokens += cl().count(text);
     }
-    eprintln!("{} texts, {total} bytes of files, {tokens} tokens", texts.len());
+    eprintln!(
+        "{} texts, {total} bytes of files, {tokens} tokens",
+        texts.len()
+    );
     assert!(tokens > 300_000, "{tokens}");
 }
