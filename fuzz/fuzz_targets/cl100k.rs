@@ -23,9 +23,17 @@ fuzz_target!(|text: &str| {
     let pieces: Vec<&str> = cl.pieces(text).collect();
     assert_eq!(pieces, reference_pieces(text), "pieces of {text:?}");
     let ids = cl.encode(text);
-    assert_eq!(ids, reference.encode_with_special_tokens(text), "ids of {text:?}");
+    assert_eq!(
+        ids,
+        reference.encode_with_special_tokens(text),
+        "ids of {text:?}"
+    );
     if !SPECIAL_TOKENS.iter().any(|(s, _)| text.contains(s)) {
-        assert_eq!(ids, reference.encode_ordinary(text), "ordinary ids of {text:?}");
+        assert_eq!(
+            ids,
+            reference.encode_ordinary(text),
+            "ordinary ids of {text:?}"
+        );
         assert_eq!(cl.encode_ordinary(text), ids, "encode_ordinary of {text:?}");
     }
     assert_eq!(cl.count(text), ids.len(), "count of {text:?}");
