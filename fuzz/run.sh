@@ -11,7 +11,7 @@ SECS="${1:-20}"
 shift || true
 ALL=(h1_request_head response_head chunked_body sse_events json_reader json_route
      json_route_structured kv_events gossip_decode gossip_roundtrip config_toml k8s_watch
-     usage_tokens)
+     usage_tokens cl100k)
 if [ "$#" -gt 0 ]; then TARGETS=("$@"); else TARGETS=("${ALL[@]}"); fi
 
 # cargo-fuzz needs nightly-only rustc flags (-Zsanitizer=...); the stable toolchain allows them
@@ -39,6 +39,7 @@ dict_for() {
         config_toml) echo dict/toml.dict ;;
         k8s_watch) echo dict/json.dict ;;
         usage_tokens) echo dict/usage.dict ;;
+        cl100k) echo dict/cl100k.dict ;;
     esac
 }
 
