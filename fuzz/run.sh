@@ -10,7 +10,8 @@ cd "$(dirname "$0")"
 SECS="${1:-20}"
 shift || true
 ALL=(h1_request_head response_head chunked_body sse_events json_reader json_route
-     json_route_structured kv_events gossip_decode gossip_roundtrip config_toml k8s_watch)
+     json_route_structured kv_events gossip_decode gossip_roundtrip config_toml k8s_watch
+     usage_tokens cl100k)
 if [ "$#" -gt 0 ]; then TARGETS=("$@"); else TARGETS=("${ALL[@]}"); fi
 
 # cargo-fuzz needs nightly-only rustc flags (-Zsanitizer=...); the stable toolchain allows them
@@ -37,6 +38,8 @@ dict_for() {
         kv_events) echo dict/msgpack.dict ;;
         config_toml) echo dict/toml.dict ;;
         k8s_watch) echo dict/json.dict ;;
+        usage_tokens) echo dict/usage.dict ;;
+        cl100k) echo dict/cl100k.dict ;;
     esac
 }
 

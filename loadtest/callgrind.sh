@@ -196,6 +196,8 @@ for policy in $POLICIES; do
     {
         echo "[server]"
         echo "listen = \"127.0.0.1:$PORT\""
+        # No admin listener on its default fixed port: one port per run.
+        echo "admin_listen = \"main\""
         echo "log_filter = \"warn\""
         echo "[load]"
         echo "enabled = false"

@@ -131,6 +131,8 @@ PIDS+=($!)
 {
     echo "[server]"
     echo "listen = \"127.0.0.1:$KVGATE_PORT\""
+    # No admin listener on its default fixed port: one port per run.
+    echo "admin_listen = \"main\""
     echo "log_filter = \"warn\""
     if $TLS; then
         echo "[server.tls]"

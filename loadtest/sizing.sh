@@ -133,6 +133,8 @@ for mode in $MODES; do
             {
                 echo "[server]"
                 echo "listen = \"127.0.0.1:$PORT\""
+                # The drive scrapes /metrics at the gateway's URL.
+                echo "admin_listen = \"main\""
                 echo "log_filter = \"warn\""
                 echo "threads = $threads"
                 echo "[load]"

@@ -107,6 +107,10 @@ struct InstanceView<'a> {
     usable: bool,
     /// `serving`, or `draining` (removed by discovery: no new requests).
     state: &'static str,
+    /// `prefill`, `decode` or `both` when its pod is labelled (discovery), else null.
+    role: Option<&'a str>,
+    /// Data-parallel size when its pod is labelled (KV event streams per rank), else null.
+    dp_size: Option<u32>,
     in_flight: u32,
     router_load: kvgate_core::load::RouterLoad,
     header_latency_ms: Option<f64>,
@@ -142,6 +146,8 @@ pub async fn instances(State(s): State<AppState>) -> Response {
                 } else {
                     "serving"
                 },
+                role: i.role.as_deref(),
+                dp_size: i.dp_size,
                 in_flight: load.in_flight,
                 router_load: load,
                 header_latency_ms: i.header_latency.get(),

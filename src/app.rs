@@ -2,10 +2,13 @@
 //!
 //! Invariants:
 //! - [`run`] takes an already bound listener, so tests bind `127.0.0.1:0` and read the port
-//!   ([`run_with_admin`] the admin listener too, when `server.admin_listen` is set).
-//! - With `server.admin_listen` the admin surface (`/admin/*`, `/metrics`) is served only by
-//!   [`admin_router`] on that listener; [`router`] answers it 404. `/health` and `/ready` are on
-//!   both.
+//!   ([`run_with_admin`] the admin listener too, when `server.admin_listen` is set). With
+//!   `server.listen` empty (the endpoint picker as the only door) the binary serves the admin
+//!   listener alone through [`crate::proxy::server::run_with_admin`].
+//! - With an admin listener (`server.admin_listen` an address, by default `127.0.0.1:9091` in
+//!   front of real instances without an admin token) the admin surface (`/admin/*`, `/metrics`)
+//!   is served only by [`admin_router`] on that listener; [`router`] answers it 404. `/health` and
+//!   `/ready` are on both. [`AppState::new`] settles an empty `server.admin_listen` first.
 //! - After the shutdown future resolves the listener stops accepting; in-flight requests and streams
 //!   get `server.shutdown_grace_ms` to finish, then [`run`] returns and drops what is left.
 //! - Background tasks (health checks, scrapes, model refresh, index expiry, metrics upkeep) live
@@ -88,8 +91,16 @@ impl Deref for AppState {
 }
 
 impl AppState {
-    /// Builds the state from a validated config with at least one pool.
-    pub fn new(config: Config) -> Result<AppState, GatewayError> {
+    /// Builds the state from a valid config with at least one pool. An empty
+    /// `server.admin_listen` is settled here ([`Config::settle_admin_listen`]) as in front of
+    /// real instances; the binary settles it before the embedded fleet fills `pools`.
+    pub fn new(mut config: Config) -> Result<AppState, GatewayError> {
+        let admin_token = crate::auth::AdminToken::load(
+            &config.auth,
+            std::env::var(crate::auth::ENV_ADMIN_TOKEN).ok().as_deref(),
+        )
+        .map_err(|e| GatewayError::Internal(e.to_string()))?;
+        config.settle_admin_listen(admin_token.is_set());
         config
             .validate()
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
@@ -130,11 +141,6 @@ impl AppState {
         let env_keys = std::env::var(crate::auth::ENV_KEYS).ok();
         let auth = crate::auth::Keys::load(&config.auth, env_keys.as_deref())
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
-        let admin_token = crate::auth::AdminToken::load(
-            &config.auth,
-            std::env::var(crate::auth::ENV_ADMIN_TOKEN).ok().as_deref(),
-        )
-        .map_err(|e| GatewayError::Internal(e.to_string()))?;
         let auth = Arc::new(auth);
         let rate_limits = Arc::new(crate::ratelimit::RateLimits::new(
             &config.rate_limits,
@@ -237,6 +243,32 @@ pub fn admin_router(state: AppState) -> axum::Router {
         .route("/ready", get(admin::ready))
         .fallback(admin::not_found)
         .with_state(state)
+}
+
+/// Logs the loud start-up warnings about what the configuration leaves open in front of real
+/// instances (`fleet`; the embedded simulated fleet has nothing to protect): the inference
+/// endpoints without API keys, and `/admin/*` and `/metrics` without an admin token
+/// (`admin_token`) on a main listener that is not loopback. `config` is settled (see
+/// [`Config::settle_admin_listen`]).
+pub fn warn_open_surfaces(config: &Config, fleet: crate::config::FleetKind, admin_token: bool) {
+    if fleet == crate::config::FleetKind::Embedded {
+        return;
+    }
+    let s = &config.server;
+    if !config.auth.enabled {
+        // Real instances with no keys: anyone who reaches the port spends their capacity.
+        tracing::warn!(
+            listen = %if s.has_proxy_listener() { &s.listen } else { &config.picker.listen },
+            "[auth] is OFF in front of real instances: the gateway is OPEN, any client that can reach it may use every model; set auth.enabled = true (docs/security.md)"
+        );
+    }
+    if !s.has_admin_listener() && !admin_token && !s.listens_on_loopback() {
+        // Every instance URL, every decision with its scores, the metrics: to anyone.
+        tracing::warn!(
+            listen = %s.listen,
+            "/admin/* and /metrics are OPEN on the main listener with no admin token: any client that can reach it reads every instance URL, the routing decisions and the metrics; set KVGATE_ADMIN_TOKEN or server.admin_listen to an address (docs/security.md#admin-listener)"
+        );
+    }
 }
 
 /// Starts the background tasks tied to `state`; they stop when `token` is cancelled.
@@ -371,7 +403,10 @@ async fn publish_to_gossip(
 
 /// Serves `state` on `listener` until `shutdown` resolves, then drains for the grace period:
 /// the binary's serving path ([`crate::proxy::server::run`]) with one serving thread, for
-/// embedding the gateway in another program or a test.
+/// embedding the gateway in another program or a test. It binds the admin listener itself when
+/// there is one: in front of real instances that is `127.0.0.1:9091` unless the config says
+/// otherwise, so a program starting several gateways sets `server.admin_listen` (to `main`, or
+/// see [`run_with_admin`]).
 pub async fn run(
     listener: TcpListener,
     state: AppState,
@@ -388,5 +423,86 @@ pub async fn run_with_admin(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    crate::proxy::server::run_with_admin(listener, Some(admin), state, 1, shutdown).await
+    crate::proxy::server::run_with_admin(Some(listener), Some(admin), state, 1, shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{FleetKind, InstanceConfig, PoolConfig};
+    use std::sync::Mutex;
+
+    /// The log lines `f` writes, as the binary's human format.
+    fn logged(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap_or_else(|e| e.into_inner()).extend(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = buf.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    fn real(listen: &str, admin_listen: &str) -> Config {
+        let mut c = Config {
+            pools: vec![PoolConfig::serving(
+                "m",
+                vec![InstanceConfig::at("i0", "http://10.0.0.1:8000")],
+            )],
+            ..Config::default()
+        };
+        c.auth.enabled = true;
+        c.server.listen = listen.into();
+        c.server.admin_listen = admin_listen.into();
+        c
+    }
+
+    const OPEN: &str = "/admin/* and /metrics are OPEN on the main listener";
+
+    #[test]
+    fn an_open_admin_surface_on_a_reachable_main_listener_is_a_warning() {
+        let open = real("0.0.0.0:8080", "main");
+        let out = logged(|| warn_open_surfaces(&open, FleetKind::Real, false));
+        assert!(out.contains("WARN") && out.contains(OPEN), "{out}");
+        assert!(!out.contains("[auth] is OFF"), "{out}");
+
+        // Closed by a token, on a listener of its own, or on loopback: nothing to say.
+        let quiet = [
+            (real("0.0.0.0:8080", "main"), FleetKind::Real, true),
+            (
+                real("0.0.0.0:8080", "127.0.0.1:9091"),
+                FleetKind::Real,
+                false,
+            ),
+            (real("127.0.0.1:8080", "main"), FleetKind::Real, false),
+            (real("[::1]:8080", "main"), FleetKind::Real, false),
+            (real("0.0.0.0:8080", "main"), FleetKind::Embedded, false),
+        ];
+        for (c, fleet, token) in quiet {
+            let out = logged(|| warn_open_surfaces(&c, fleet, token));
+            assert!(out.is_empty(), "{:?} {fleet:?} {token}: {out}", c.server);
+        }
+
+        // Auth off in front of real instances has its own warning.
+        let mut c = real("127.0.0.1:8080", "main");
+        c.auth.enabled = false;
+        let out = logged(|| warn_open_surfaces(&c, FleetKind::Real, false));
+        assert!(
+            out.contains("[auth] is OFF") && !out.contains(OPEN),
+            "{out}"
+        );
+    }
 }

@@ -39,7 +39,8 @@ impl Events {
 }
 
 /// The event source of `inst`, if it has `kv_events`: hashed under its pool's model and block
-/// size.
+/// size, one stream per data-parallel rank (the instance's own `dp_size`, else
+/// `default_dp_ranks`).
 pub fn source(fleet: &Fleet, inst: &Instance, default_dp_ranks: u32) -> Option<EventSource> {
     let endpoint = inst.config.kv_events.as_ref()?;
     let pool = &fleet.pools()[inst.pool];
@@ -48,7 +49,7 @@ pub fn source(fleet: &Fleet, inst: &Instance, default_dp_ranks: u32) -> Option<E
     let mut src = EventSource::new(inst.id, &inst.name, endpoint, &pool.model, block_size);
     src.replay_endpoint = inst.config.kv_replay.clone();
     src.topic = inst.config.kv_topic.clone().unwrap_or_default();
-    src.dp_ranks = default_dp_ranks;
+    src.dp_ranks = inst.dp_size.unwrap_or(default_dp_ranks);
     src.dialect = match inst.flavour {
         Flavour::Vllm => Dialect::Vllm,
         Flavour::Sglang => Dialect::Sglang,

@@ -34,6 +34,9 @@ pub fn spawn(state: &AppState, token: CancellationToken) -> Vec<tokio::task::Joi
     let mut any = false;
     for pool in state.fleet.pools() {
         if !pool.config.is_discovered() {
+            // Its instances never change: sized once, so that dashboards and alerts over
+            // `kvgate_pool_instances` see every pool.
+            publish_sizes(state, pool.index);
             continue;
         }
         any = true;
@@ -101,6 +104,10 @@ pub fn apply(state: &AppState, pool: usize, set: &EndpointSet, last_error: &mut 
         tracing::warn!(pool = %model, endpoint = %name, "endpoint left out: {why}");
     }
     metrics::record_discovery_changes(model, "refused", change.refused.len());
+    for (name, other) in &change.other_model {
+        tracing::debug!(pool = %model, endpoint = %name, model = %other, "endpoint labelled for another model: not this pool's");
+    }
+    metrics::record_discovery_changes(model, "other_model", change.other_model.len());
     if change.is_empty() {
         return;
     }

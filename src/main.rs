@@ -57,6 +57,10 @@ fn load_config(cli: &Cli) -> Result<Config> {
     if let Some(f) = cli.log_format {
         cfg.server.log_format = f;
     }
+    // Before the embedded fleet fills `pools`: the default depends on what the gateway fronts.
+    let token = std::env::var(kvgate::auth::ENV_ADMIN_TOKEN).ok();
+    let token = cfg.auth.admin_token_configured(token.as_deref());
+    cfg.settle_admin_listen(token);
     cfg.validate()?;
     Ok(cfg)
 }
@@ -95,7 +99,13 @@ async fn shutdown_signal() {
 
 fn healthcheck(cfg: &Config, addr: Option<String>) -> Result<()> {
     use std::io::{Read, Write};
-    let addr = addr.unwrap_or_else(|| cfg.server.listen.replace("0.0.0.0", "127.0.0.1"));
+    // Picker only (no proxy listener): the admin listener answers /health.
+    let own = if cfg.server.has_proxy_listener() {
+        &cfg.server.listen
+    } else {
+        &cfg.server.admin_listen
+    };
+    let addr = addr.unwrap_or_else(|| own.replace("0.0.0.0", "127.0.0.1"));
     let sock: std::net::SocketAddr = addr
         .parse()
         .with_context(|| format!("bad address {addr}"))?;
@@ -199,6 +209,7 @@ async fn start_embedded(cfg: &mut Config) -> Result<kvgate_sim::Fleet> {
 }
 
 async fn serve(mut cfg: Config, threads: usize) -> Result<()> {
+    let fleet_kind = cfg.fleet_kind();
     let embedded = if cfg.pools.is_empty() {
         let fleet = start_embedded(&mut cfg).await?;
         tracing::warn!(
@@ -210,33 +221,42 @@ async fn serve(mut cfg: Config, threads: usize) -> Result<()> {
     } else {
         None
     };
-    if embedded.is_none() && !cfg.auth.enabled {
-        // Real instances with no keys: anyone who reaches the port spends their capacity.
-        tracing::warn!(
-            listen = %cfg.server.listen,
-            "[auth] is OFF in front of real instances: the gateway is OPEN, any client that can reach it may use every model; set auth.enabled = true (docs/security.md)"
-        );
-    }
-    let listener =
-        kvgate::proxy::limits::listen::bind(&cfg.server.listen, cfg.server.limits.listen_backlog)
+    // Picker only (`server.listen` empty): no HTTP proxy listener.
+    let listener = if cfg.server.has_proxy_listener() {
+        Some(
+            kvgate::proxy::limits::listen::bind(
+                &cfg.server.listen,
+                cfg.server.limits.listen_backlog,
+            )
             .await
-            .with_context(|| format!("cannot listen on {}", cfg.server.listen))?;
+            .with_context(|| format!("cannot listen on {}", cfg.server.listen))?,
+        )
+    } else {
+        None
+    };
     let state = kvgate::app::AppState::new(cfg)?;
+    kvgate::app::warn_open_surfaces(&state.config, fleet_kind, state.admin_token.is_set());
     let admin = kvgate::proxy::server::bind_admin(&state).await?;
     if let Some(a) = &admin {
+        let tls = state.config.server.tls.as_ref().is_some_and(|t| t.admin);
         tracing::info!(
             listen = %a.local_addr()?,
-            "admin listener serving /admin/*, /metrics, /health and /ready (plain HTTP)"
+            tls,
+            "admin listener serving /admin/*, /metrics, /health and /ready"
         );
     }
+    let listen = match &listener {
+        Some(l) => l.local_addr()?.to_string(),
+        None => "none (picker only)".to_string(),
+    };
     tracing::info!(
-        listen = %listener.local_addr()?,
+        %listen,
         pools = state.fleet.pools().len(),
         instances = state.fleet.view().serving().count(),
         policy = state.routing.policy_name(0),
         "kvgate serving"
     );
-    if embedded.is_some() {
+    if let (Some(_), Some(listener)) = (&embedded, &listener) {
         let addr = listener.local_addr()?;
         let host = if addr.ip().is_unspecified() {
             "127.0.0.1".to_string()

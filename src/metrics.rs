@@ -320,7 +320,7 @@ fn build() -> Result<PrometheusHandle, String> {
     );
     describe_counter!(
         DISCOVERY_CHANGES,
-        "Membership changes by pool and kind (added, removed, revived, refused)."
+        "Membership changes by pool and kind (added, removed, revived; refused and other_model count endpoints left out, per look)."
     );
     describe_gauge!(
         DISCOVERY_UP,
@@ -388,7 +388,8 @@ pub fn set_token_cache_stats(pool: &str, stats: &kvgate_tokenizer::CacheStats) {
     gauge!(TOKEN_CACHE_BYTES, "pool" => pool.to_string()).set(stats.bytes as f64);
 }
 
-/// A discovered pool's membership after a change: instances serving and draining.
+/// A pool's membership: instances serving and draining (a static pool's once, at start; a
+/// discovered pool's after every change).
 pub fn set_pool_instances(pool: &str, serving: usize, draining: usize) {
     gauge!(POOL_INSTANCES, "pool" => pool.to_string(), "state" => "serving").set(serving as f64);
     gauge!(POOL_INSTANCES, "pool" => pool.to_string(), "state" => "draining").set(draining as f64);

@@ -4,7 +4,9 @@
 //! 404 in the OpenAI error shape, on kvgate's own HTTP/1.1 loop's hand-off and on HTTP/2 alike),
 //! `/health` and `/ready` are on both, the inference endpoints on the main listener only; the
 //! admin token still applies; the admin listener keeps `[server.limits]` with a connection cap
-//! of its own; graceful shutdown closes it too.
+//! of its own; graceful shutdown closes it too. In front of real instances it is the default
+//! (on loopback), unless an admin token or `admin_listen = "main"` keeps the surface on the main
+//! listener.
 
 mod common;
 
@@ -277,6 +279,77 @@ async fn shutdown_closes_the_admin_listener_and_drains_its_connections() {
         TcpStream::connect(gw.addr).await.is_err(),
         "main listener still open"
     );
+}
+
+/// In front of real instances the admin surface is off the main listener unless the config puts
+/// it there: the default (`admin_listen` left empty, no admin token) is a listener of its own on
+/// loopback. The harness binds that listener on 127.0.0.1 port 0, never the default's port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_front_of_static_instances_the_admin_surface_is_off_the_main_listener_by_default() {
+    let engine = Mock::start("e0").await;
+    let mut cfg = config_for(&[engine.url()]);
+    cfg.server.admin_listen = kvgate::config::Config::default().server.admin_listen;
+    assert!(cfg.server.admin_listen.is_empty(), "the default is empty");
+    let gw = Gateway::start(cfg).await;
+    assert_eq!(
+        gw.state.config.server.admin_listen,
+        kvgate::config::DEFAULT_ADMIN_LISTEN
+    );
+    let default: std::net::SocketAddr = kvgate::config::DEFAULT_ADMIN_LISTEN.parse().unwrap();
+    assert!(default.ip().is_loopback());
+    assert!(gw.admin_addr.is_some_and(|a| a.ip().is_loopback()));
+    assert!(eventually(5, || gw.state.fleet.any_usable(gw.state.clock.now_ms())).await);
+    let c = client();
+    for path in ADMIN {
+        let r = c.get(gw.url(path)).send().await.unwrap();
+        assert_eq!(
+            status_and_code(r).await,
+            (404, "not_found".to_string()),
+            "{path} on the main listener"
+        );
+        let r = c.get(gw.admin_url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path} on the admin listener");
+    }
+    for path in ["/health", "/ready"] {
+        let r = c.get(gw.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path} stays on the main listener");
+    }
+    let r = c
+        .post(gw.url("/v1/chat/completions"))
+        .json(&chat())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+/// An admin token chooses the main listener: the default then keeps the admin surface there,
+/// closed by the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_admin_token_the_default_keeps_the_surface_on_the_main_listener_closed() {
+    let engine = Mock::start("e0").await;
+    let mut cfg = config_for(&[engine.url()]);
+    cfg.server.admin_listen = String::new();
+    let path = fresh_dir("admin-default-token").join("token");
+    std::fs::write(&path, TOKEN).unwrap();
+    cfg.auth.admin_token_file = path.to_string_lossy().into_owned();
+    let gw = Gateway::start(cfg).await;
+    assert_eq!(
+        gw.state.config.server.admin_listen,
+        kvgate::config::ADMIN_ON_MAIN
+    );
+    assert!(gw.admin_addr.is_none());
+    let c = client();
+    for path in ADMIN {
+        let r = c.get(gw.url(path)).send().await.unwrap();
+        assert_eq!(
+            status_and_code(r).await,
+            (401, "invalid_admin_token".to_string()),
+            "{path} without the token"
+        );
+        let r = c.get(gw.url(path)).bearer_auth(TOKEN).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path} with the token");
+    }
 }
 
 #[tokio::test]

@@ -1,7 +1,7 @@
 //! Admission control end to end: a saturated pool queues and admits as requests finish; 429s with
 //! `Retry-After` and a reason when the queue is full, the wait bound passes or a request is shed;
-//! priority order and tenant fair share as observed by the instance; the gateway's own endpoints
-//! unaffected. Every scenario runs over both serving paths: kvgate's HTTP/1.1 loop (a body with
+//! priority order, a key's `max_priority` ceiling and tenant fair share as observed by the
+//! instance; the gateway's own endpoints unaffected. Every scenario runs over both serving paths: kvgate's HTTP/1.1 loop (a body with
 //! a length) and hyper (a chunked body).
 //!
 //! The pool is one mock instance that holds every answer until the test releases it, with an
@@ -155,6 +155,7 @@ over_both_paths!(
     gateway_endpoints_are_served_while_the_queue_is_full,
     an_engine_reporting_a_queue_saturates_its_instance,
     a_tenant_weight_multiplies_its_share,
+    queued_time_counts_in_time_to_first_token,
 );
 
 async fn a_saturated_pool_queues_then_admits_when_a_request_finishes(via: Via) {
@@ -181,6 +182,87 @@ async fn a_saturated_pool_queues_then_admits_when_a_request_finishes(via: Via) {
             "kvgate_admission_queue_wait_seconds_count{pool=\"m\"}"
         ) >= 1.0,
         "{metrics}"
+    );
+}
+
+/// The sum and count of `name`'s series (a histogram's `_sum` and `_count`) for instance
+/// `instance`, as Prometheus text exposes them; 0 if absent.
+fn histogram(text: &str, name: &str, instance: &str) -> (f64, f64) {
+    let label = format!("instance=\"{instance}\"");
+    let value = |suffix: &str| {
+        let prefix = format!("{name}_{suffix}{{");
+        text.lines()
+            .filter(|l| l.starts_with(&prefix) && l.contains(&label))
+            .find_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+            .unwrap_or(0.0)
+    };
+    (value("sum"), value("count"))
+}
+
+/// A streamed request that waits in the queue: the time-to-first-token histogram, which runs
+/// from arrival, records at least the wait the queue itself reported before the test let the
+/// request go. (Counted from its dispatch instead, it would record the mock's few ms.)
+async fn queued_time_counts_in_time_to_first_token(via: Via) {
+    // The least wait to observe before releasing: far above what the mock takes to answer.
+    const WAIT_MS: u64 = 300;
+    // An instance name of its own: the recorder is shared by every test in this process, and
+    // only this test's requests are recorded under it.
+    let instance = match via {
+        Via::H1 => "ttft-h1",
+        Via::Hyper => "ttft-hyper",
+    };
+    let (a, gw, first) = saturated(
+        |c| c.pools[0].instances[0].name = Some(instance.to_string()),
+        via,
+    )
+    .await;
+    let streamed = send(
+        &gw,
+        via,
+        r#"{"model":"m","prompt":"queued","max_tokens":2,"stream":true}"#.to_string(),
+        &[],
+    );
+    wait_queued(&gw, 1).await;
+    // Polled, not slept: the queue's own account of how long its one entry has waited.
+    let waited = std::sync::atomic::AtomicU64::new(0);
+    let long_enough = eventually_async(10, || async {
+        let v: serde_json::Value =
+            serde_json::from_str(&gw.get_text("/admin/admission").await).unwrap();
+        let ms = v["pools"][0]["classes"][1]["oldest_wait_ms"]
+            .as_u64()
+            .unwrap_or(0);
+        waited.store(ms, std::sync::atomic::Ordering::SeqCst);
+        ms >= WAIT_MS
+    })
+    .await;
+    let waited_ms = waited.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(long_enough, "the queued request never waited {WAIT_MS} ms");
+    assert_eq!(a.count(), 1, "the streamed request must still be queued");
+    let before = histogram(
+        &gw.get_text("/metrics").await,
+        kvgate::metrics::TTFT,
+        instance,
+    );
+    assert_eq!(before, (0.0, 0.0), "nothing streamed yet");
+    a.set_mode(Mode::Stream {
+        chunks: 2,
+        delay: std::time::Duration::from_millis(1),
+    });
+    a.release(1);
+    assert_eq!(first.await.unwrap().status(), 200);
+    let resp = streamed.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.text().await.unwrap().ends_with("data: [DONE]\n\n"));
+    let (sum, count) = histogram(
+        &gw.get_text("/metrics").await,
+        kvgate::metrics::TTFT,
+        instance,
+    );
+    // The first request was not streamed: the one observation is the queued request's.
+    assert_eq!(count, 1.0, "{via:?}");
+    assert!(
+        sum >= waited_ms as f64 / 1e3,
+        "{via:?}: time to first token {sum} s, but it waited {waited_ms} ms in the queue"
     );
 }
 
@@ -438,4 +520,128 @@ async fn disabled_admission_forwards_everything() {
     a.release(2);
     assert_eq!(first.await.unwrap().status(), 200);
     assert_eq!(second.await.unwrap().status(), 200);
+}
+
+/// A key's `max_priority` lowers what its requests ask for: a `critical` ask from a key capped at
+/// `standard` queues as standard, behind a critical request that came later from a key without a
+/// ceiling, while the uncapped key's `critical` is honoured.
+#[tokio::test]
+async fn a_keys_max_priority_lowers_the_asked_priority() {
+    let a = Mock::start("a").await;
+    a.set_mode(Mode::Held);
+    let mut c = admission_config(a.url());
+    let keys = fresh_dir("admission-ceiling").join("keys.toml");
+    std::fs::write(
+        &keys,
+        r#"
+[[keys]]
+key = "sk-capped"
+tenant = "capped"
+max_priority = "standard"
+
+[[keys]]
+key = "sk-free"
+tenant = "free"
+"#,
+    )
+    .unwrap();
+    c.auth.enabled = true;
+    c.auth.keys_file = keys.to_string_lossy().into_owned();
+    let gw = Gateway::start(c).await;
+    let first = send(
+        &gw,
+        Via::H1,
+        body("first", 10, None),
+        &[("authorization", "Bearer sk-free")],
+    );
+    assert!(eventually(10, || a.held() == 1).await);
+
+    /// Entries queued per class, most urgent first, as `/admin/admission` shows them.
+    async fn classes(gw: &Gateway) -> Vec<(String, u64)> {
+        let v: serde_json::Value =
+            serde_json::from_str(&gw.get_text("/admin/admission").await).unwrap();
+        v["pools"][0]["classes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["priority"].as_str().unwrap().to_string(),
+                    c["entries"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    }
+    let class = |name: &str, n: u64| (name.to_string(), n);
+
+    // Asked critical by header and by the body's vLLM priority: both queue as standard.
+    let by_header = send(
+        &gw,
+        Via::H1,
+        body("capped-header", 10, None),
+        &[
+            ("authorization", "Bearer sk-capped"),
+            ("x-kvgate-priority", "critical"),
+        ],
+    );
+    wait_queued(&gw, 1).await;
+    let by_body = send(
+        &gw,
+        Via::H1,
+        body("capped-body", 10, Some(-1)),
+        &[("authorization", "Bearer sk-capped")],
+    );
+    wait_queued(&gw, 2).await;
+    assert_eq!(
+        classes(&gw).await,
+        [
+            class("critical", 0),
+            class("standard", 2),
+            class("sheddable", 0)
+        ]
+    );
+    // A less urgent ask than the ceiling is kept as asked.
+    let shed = send(
+        &gw,
+        Via::H1,
+        body("capped-sheddable", 10, None),
+        &[
+            ("authorization", "Bearer sk-capped"),
+            ("x-kvgate-priority", "sheddable"),
+        ],
+    );
+    wait_queued(&gw, 3).await;
+    // The key without a ceiling gets the critical it asks for.
+    let critical = send(
+        &gw,
+        Via::H1,
+        body("free-critical", 10, None),
+        &[
+            ("authorization", "Bearer sk-free"),
+            ("x-kvgate-priority", "critical"),
+        ],
+    );
+    wait_queued(&gw, 4).await;
+    assert_eq!(
+        classes(&gw).await,
+        [
+            class("critical", 1),
+            class("standard", 2),
+            class("sheddable", 1)
+        ]
+    );
+
+    // Served in class order: the later uncapped critical first, the capped asks after it.
+    for n in 2..=5 {
+        next(&a, n).await;
+    }
+    a.release(1);
+    for h in [first, by_header, by_body, shed, critical] {
+        assert_eq!(h.await.unwrap().status(), 200);
+    }
+    assert_eq!(tag_of(&a, 1), "free-critical");
+    let mut standard = [tag_of(&a, 2), tag_of(&a, 3)];
+    standard.sort();
+    assert_eq!(standard, ["capped-body", "capped-header"]);
+    assert_eq!(tag_of(&a, 4), "capped-sheddable");
 }

@@ -60,6 +60,7 @@ both_paths!(
     at_the_cap_busy_and_mid_head_connections_are_not_evicted,
     peer_closed_connections_free_their_places_promptly,
     connect_and_close_churn_at_the_cap_does_not_block_a_client,
+    tcp_keepalive_is_set_on_accepted_connections,
 );
 
 fn config(mock: &Mock) -> Config {
@@ -682,6 +683,84 @@ async fn connect_and_close_churn_at_the_cap_does_not_block_a_client(path: Path) 
     assert!(eventually(5, || gw.state.limits.open_connections() == 0).await);
 }
 
+/// SO_KEEPALIVE, TCP_KEEPIDLE and TCP_KEEPINTVL of the gateway's end of a connection: the socket
+/// of this process (the gateway runs in it) whose address is `server` and whose peer is `client`.
+/// `None` when no such socket is open.
+#[cfg(target_os = "linux")]
+fn gateway_keepalive(
+    server: std::net::SocketAddr,
+    client: std::net::SocketAddr,
+) -> Option<(bool, u64, u64)> {
+    use std::os::fd::{BorrowedFd, RawFd};
+    for entry in std::fs::read_dir("/proc/self/fd").ok()?.flatten() {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<RawFd>().ok())
+        else {
+            continue;
+        };
+        let is_socket = std::fs::read_link(entry.path())
+            .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"));
+        if !is_socket {
+            continue;
+        }
+        // SAFETY: the descriptor is only read (getsockname, getpeername, getsockopt), never
+        // closed or kept. If a test on another thread closes it meanwhile, the calls fail
+        // (EBADF), or read whatever reused the number, whose addresses do not match.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let s = socket2::SockRef::from(&fd);
+        let (Ok(local), Ok(peer)) = (s.local_addr(), s.peer_addr()) else {
+            continue;
+        };
+        if local.as_socket() == Some(server) && peer.as_socket() == Some(client) {
+            return Some((
+                s.keepalive().ok()?,
+                s.tcp_keepalive_time().ok()?.as_secs(),
+                s.tcp_keepalive_interval().ok()?.as_secs(),
+            ));
+        }
+    }
+    None
+}
+
+/// TCP keepalive as configured, read back from the gateway's end of a connection served on
+/// `path`, and of one on the admin listener (the same acceptor code, under its own limits).
+/// Whole seconds, as the kernel keeps them.
+async fn tcp_keepalive_is_set_on_accepted_connections(path: Path) {
+    let mock = Mock::start("a").await;
+    let mut cfg = config(&mock);
+    // Not the kernel's defaults (7200 s, 75 s), so that only the gateway can have set them.
+    cfg.server.limits.tcp_keepalive_idle_ms = 7_000;
+    cfg.server.limits.tcp_keepalive_interval_ms = 3_000;
+    cfg.server.admin_listen = "127.0.0.1:0".into();
+    let gw = Gateway::start(cfg).await;
+    // Answered: accepted and configured before its request was read.
+    let c = Conn::on(&gw, path).await;
+    let client = c.s.local_addr().unwrap();
+    #[cfg(target_os = "linux")]
+    assert_eq!(
+        gateway_keepalive(gw.addr, client),
+        Some((true, 7, 3)),
+        "{path:?}"
+    );
+    let admin_addr = gw.admin_addr.unwrap();
+    let mut admin = TcpStream::connect(admin_addr).await.unwrap();
+    admin
+        .write_all(b"GET /health HTTP/1.1\r\nhost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = [0u8; 64];
+    let n = timeout(SLACK, admin.read(&mut got)).await.unwrap().unwrap();
+    assert!(got[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &got[..n]);
+    #[cfg(target_os = "linux")]
+    assert_eq!(
+        gateway_keepalive(admin_addr, admin.local_addr().unwrap()),
+        Some((true, 7, 3)),
+        "admin listener"
+    );
+}
+
 /// 200 clients trickling heads (half on each path), a flood of connect-and-close, and a client
 /// making ordinary requests throughout: the tricklers are all cut by the header timeout, the
 /// good client's every request succeeds quickly.
@@ -788,4 +867,120 @@ async fn http2_connection_without_streams_closes_after_idle() {
     );
     // hyper's SETTINGS frame came first: this was served as HTTP/2.
     assert!(got.len() >= 9 && got[3] == 0x4, "{got:?}");
+}
+
+/// An HTTP/2 client (prior knowledge) with small flow-control windows.
+fn h2_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .http2_initial_stream_window_size(65_535)
+        .http2_initial_connection_window_size(65_535)
+        .timeout(Duration::from_millis(BODY_MS) + 2 * SLACK)
+        .build()
+        .unwrap()
+}
+
+/// HTTP/2: a request stream whose body stops arriving (part of it sent, then nothing, the
+/// stream left open) gets `408 body_read_timeout` after the body timeout, and nothing reaches
+/// the engine.
+#[tokio::test]
+async fn http2_body_that_stops_arriving_gets_408() {
+    let mock = Mock::start("a").await;
+    let gw = Gateway::start(config(&mock)).await;
+    let part = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(
+        &CHAT.as_bytes()[..20],
+    ))]);
+    let body = futures::StreamExt::chain(part, futures::stream::pending());
+    let started = Instant::now();
+    let resp = h2_client()
+        .post(gw.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(body))
+        .send()
+        .await
+        .expect("an answer before the body ended");
+    let took = started.elapsed();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(resp.status(), 408);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "body_read_timeout", "{v}");
+    assert!(
+        took >= Duration::from_millis(BODY_MS),
+        "answered after {took:?}"
+    );
+    assert!(took < Duration::from_millis(BODY_MS) + SLACK, "{took:?}");
+    assert_eq!(mock.count(), 0);
+}
+
+/// HTTP/2: a client that stops reading a long stream (its flow-control window, 64 KiB, never
+/// reopened) is cut within the write timeout, and the upstream stream is cancelled, as on
+/// HTTP/1.1 (`client_that_stops_reading_is_cut_and_upstream_cancelled`).
+///
+/// Such a client does not stall the gateway's socket writes, it closes its window; the answer's
+/// own deadline (`limits::io::Stall`) is what cuts it.
+#[tokio::test]
+async fn http2_client_that_stops_reading_is_cut_and_upstream_cancelled() {
+    let mock = Mock::start("a").await;
+    let gw = Gateway::start(config(&mock)).await;
+    // 64 MiB at most, far beyond every window and buffer on the way.
+    mock.set_mode(Mode::Flood {
+        chunks: 16 * 1024,
+        bytes: 4096,
+    });
+    let client = h2_client();
+    let resp = client
+        .post(gw.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(chat_of(100, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(resp.status(), 200);
+    // The answer's body is not read: the window closes after 64 KiB.
+    let dropped = || {
+        mock.state
+            .streams_dropped
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+    assert!(
+        eventually(10, || dropped() == 1).await,
+        "the upstream stream was not cancelled"
+    );
+    assert_eq!(
+        mock.state
+            .streams_completed
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
+    drop(resp);
+}
+
+/// HTTP/2: an answer whose upstream pauses longer than the write timeout between events, read
+/// by its client as it comes, is relayed whole: waiting on the upstream is not a stalled client.
+#[tokio::test]
+async fn http2_slow_upstream_is_not_a_stalled_client() {
+    let mock = Mock::start("a").await;
+    let gw = Gateway::start(config(&mock)).await;
+    mock.set_mode(Mode::Stream {
+        chunks: 3,
+        delay: Duration::from_millis(2 * WRITE_MS),
+    });
+    let resp = h2_client()
+        .post(gw.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(chat_of(100, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.expect("the whole stream");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_eq!(
+        mock.state
+            .streams_completed
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
 }

@@ -299,3 +299,27 @@ async fn a_source_outage_keeps_the_last_known_fleet() {
         .await
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_pool_reports_its_size_too() {
+    let a = Mock::start("a").await;
+    let b = Mock::start("b").await;
+    let mut cfg = common::config_for(&[a.url(), b.url()]);
+    cfg.pools[0].model = "static-size".into();
+    let gw = Gateway::start(cfg).await;
+    assert!(
+        eventually_async(5, || async {
+            gw.get_text("/metrics")
+                .await
+                .contains(r#"kvgate_pool_instances{pool="static-size",state="serving"} 2"#)
+        })
+        .await,
+        "{}",
+        gw.get_text("/metrics").await
+    );
+    // It has no discovery source to report on.
+    assert!(!gw
+        .get_text("/metrics")
+        .await
+        .contains(r#"kvgate_discovery_up{pool="static-size"}"#));
+}

@@ -427,3 +427,102 @@ async fn the_admin_listener_serves_tls_with_the_same_pair_when_asked(via: Via) {
     let r = with.get(t.url("/metrics")).send().await.unwrap();
     assert_eq!(r.status(), 404);
 }
+
+/// A client config trusting only `ca`, speaking only the TLS versions `versions`.
+fn rustls_client(
+    ca: &pki::Ca,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> std::sync::Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.cert.der().clone()).unwrap();
+    let mut c = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(versions)
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    c.alpn_protocols = vec![b"http/1.1".to_vec()];
+    std::sync::Arc::new(c)
+}
+
+/// A client that speaks TLS 1.2 only shakes hands (TLS 1.2 is the oldest version served) and is
+/// served a proxied request.
+#[tokio::test]
+async fn a_client_limited_to_tls_1_2_is_served() {
+    let t = start(|_, _, _| {}).await;
+    let connector =
+        tokio_rustls::TlsConnector::from(rustls_client(&t.ca, &[&rustls::version::TLS12]));
+    let tcp = tokio::net::TcpStream::connect(t.gw.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let mut tls = connector
+        .connect(name, tcp)
+        .await
+        .expect("TLS 1.2 handshake");
+    let (_, conn) = tls.get_ref();
+    assert_eq!(
+        conn.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_2)
+    );
+    assert_eq!(conn.alpn_protocol(), Some(&b"http/1.1"[..]));
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{CHAT}",
+        CHAT.len()
+    );
+    tls.write_all(req.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    // A TLS peer may close without close_notify; what was read until then counts.
+    let _ = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut got)).await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("served_by"), "{text}");
+    assert_eq!(t.mock.count(), 1);
+}
+
+/// A ClientHello offering TLS 1.1 at most (no `supported_versions` extension); rustls clients
+/// cannot speak anything older than 1.2, so the bytes are written here. It carries
+/// `signature_algorithms`, which rustls reads before it picks a version: without it the refusal
+/// would be a `handshake_failure` for the missing extension, not the version's alert.
+fn tls_1_1_client_hello() -> Vec<u8> {
+    let mut hello = vec![0x03, 0x02]; // client_version: TLS 1.1
+    hello.extend_from_slice(&[0x5a; 32]); // random
+    hello.push(0); // no session id
+                   // TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA, TLS_RSA_WITH_AES_128_CBC_SHA
+    hello.extend_from_slice(&[0x00, 0x04, 0xc0, 0x13, 0x00, 0x2f]);
+    hello.extend_from_slice(&[0x01, 0x00]); // compression: null
+                                            // Extensions: signature_algorithms (13) = rsa_pkcs1_sha256, ecdsa_secp256r1_sha256.
+    let sigalgs = [0x00, 0x0d, 0x00, 0x06, 0x00, 0x04, 0x04, 0x01, 0x04, 0x03];
+    hello.extend_from_slice(&(sigalgs.len() as u16).to_be_bytes());
+    hello.extend_from_slice(&sigalgs);
+    let mut handshake = vec![0x01]; // ClientHello
+    handshake.extend_from_slice(&(hello.len() as u32).to_be_bytes()[1..]);
+    handshake.extend(hello);
+    let mut record = vec![0x16, 0x03, 0x01]; // handshake record, TLS 1.0 record version
+    record.extend_from_slice(&(handshake.len() as u16).to_be_bytes());
+    record.extend(handshake);
+    record
+}
+
+/// A client offering nothing newer than TLS 1.1 is refused with a `protocol_version` alert, and
+/// the gateway goes on serving TLS 1.2 clients.
+#[tokio::test]
+async fn a_client_limited_to_tls_1_1_is_refused_with_a_protocol_version_alert() {
+    let t = start(|_, _, _| {}).await;
+    let mut old = tokio::net::TcpStream::connect(t.gw.addr).await.unwrap();
+    old.write_all(&tls_1_1_client_hello()).await.unwrap();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), old.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "the TLS 1.1 connection was left open");
+    // One alert record: content type 21, two bytes of alert: fatal (2), protocol_version (70).
+    assert!(got.len() >= 7, "no alert: {got:?}");
+    assert_eq!(got[0], 0x15, "not an alert record: {got:?}");
+    assert_eq!(&got[3..7], &[0x00, 0x02, 0x02, 70], "{got:?}");
+    let connector =
+        tokio_rustls::TlsConnector::from(rustls_client(&t.ca, &[&rustls::version::TLS12]));
+    let tcp = tokio::net::TcpStream::connect(t.gw.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    connector
+        .connect(name, tcp)
+        .await
+        .expect("a TLS 1.2 client after the refused one");
+}

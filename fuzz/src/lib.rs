@@ -10,3 +10,4 @@ pub mod lines;
 pub mod msgpack;
 pub mod splits;
 pub mod sse;
+pub mod usage;

@@ -126,6 +126,8 @@ async fn main() -> Result<()> {
 
     let mut cfg = Config::default();
     cfg.server.listen = "127.0.0.1:0".into();
+    // No admin listener on the default fixed port.
+    cfg.server.admin_listen = kvgate::config::ADMIN_ON_MAIN.into();
     let mut pool = kvgate::config::PoolConfig::serving(infos[0].model.clone(), vec![]);
     pool.block_size = Some(infos[0].block_size);
     pool.tokenizer = Some("builtin".into());

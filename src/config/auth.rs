@@ -43,6 +43,14 @@ pub struct AuthConfig {
     pub cache: CacheSharing,
 }
 
+impl AuthConfig {
+    /// Whether an admin token is set: `env` (the value of `KVGATE_ADMIN_TOKEN`, when set and not
+    /// blank) or `admin_token_file`. Whether the token is usable is checked when it is loaded.
+    pub fn admin_token_configured(&self, env: Option<&str>) -> bool {
+        env.is_some_and(|v| !v.trim().is_empty()) || !self.admin_token_file.is_empty()
+    }
+}
+
 impl Default for AuthConfig {
     fn default() -> Self {
         Self {

@@ -5,9 +5,10 @@
 
 /// Path of the TOML config file (same as `--config`).
 pub const CONFIG: &str = "KVGATE_CONFIG";
-/// `server.listen`: socket address to serve on.
+/// `server.listen`: socket address to serve on (empty: no HTTP proxy listener, picker only).
 pub const LISTEN: &str = "KVGATE_LISTEN";
-/// `server.admin_listen`: socket address of the admin listener (empty: none).
+/// `server.admin_listen`: socket address of the admin listener, or `main` for the main listener
+/// (empty: the default for the fleet, see `config::admin_listen_default`).
 pub const ADMIN_LISTEN: &str = "KVGATE_ADMIN_LISTEN";
 /// `server.log_format`: `human` or `json`.
 pub const LOG_FORMAT: &str = "KVGATE_LOG_FORMAT";

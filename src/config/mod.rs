@@ -24,7 +24,10 @@ pub use picker::{FailureMode, PickerConfig};
 pub use pools::{Flavour, InstanceConfig, PoolConfig, SimConfig};
 pub use ratelimit::RateLimitsConfig;
 pub use routing::{HashMode, IndexSection, RoutingConfig, TokenizeSection};
-pub use server::{LimitsConfig, LogFormat, ServerConfig};
+pub use server::{
+    admin_listen_default, FleetKind, LimitsConfig, LogFormat, ServerConfig, ADMIN_ON_MAIN,
+    DEFAULT_ADMIN_LISTEN,
+};
 pub use tls::{ClientAuth, ServerTlsConfig};
 pub use upstream::{HealthConfig, LoadConfig, UpstreamConfig, UpstreamTlsConfig};
 
@@ -284,30 +287,75 @@ impl Config {
         Ok(())
     }
 
+    /// What the gateway fronts: no `[[pools]]` means the embedded simulated fleet. Ask before
+    /// the embedded fleet's instances are written into `pools`.
+    pub fn fleet_kind(&self) -> FleetKind {
+        if self.pools.is_empty() {
+            FleetKind::Embedded
+        } else {
+            FleetKind::Real
+        }
+    }
+
+    /// Gives an empty `server.admin_listen` the value it stands for ([`admin_listen_default`]):
+    /// from here on it says where the admin surface is. `admin_token`: whether an admin token is
+    /// set (the environment's included). Call before the embedded fleet fills `pools`; calling
+    /// again changes nothing.
+    pub fn settle_admin_listen(&mut self, admin_token: bool) {
+        if self.server.admin_listen.is_empty() {
+            self.server.admin_listen =
+                admin_listen_default(self.fleet_kind(), admin_token).to_string();
+        }
+    }
+
     /// Checks every value; the error names the first offending key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let s = &self.server;
-        if s.listen.parse::<std::net::SocketAddr>().is_err() {
+        if !s.has_proxy_listener() {
+            // Picker only: something must still serve the fleet, and the admin surface.
+            if !self.picker.enabled {
+                return Err(invalid(
+                    "server.listen",
+                    "is empty (no HTTP proxy listener), which serves only the endpoint picker: set picker.enabled = true, or give a socket address like 127.0.0.1:8080",
+                ));
+            }
+            if !s.has_admin_listener() {
+                return Err(invalid(
+                    "server.listen",
+                    "is empty (no HTTP proxy listener): set server.admin_listen to serve /health, /ready, /metrics and /admin/*",
+                ));
+            }
+        } else if s.listen.parse::<std::net::SocketAddr>().is_err() {
             return Err(invalid(
                 "server.listen",
-                format!("`{}` is not a socket address like 127.0.0.1:8080", s.listen),
+                format!(
+                    "`{}` is not a socket address like 127.0.0.1:8080 (empty: no HTTP proxy listener, picker only)",
+                    s.listen
+                ),
             ));
         }
-        if !s.admin_listen.is_empty() {
-            match s.admin_listen.parse::<std::net::SocketAddr>() {
+        // An empty admin_listen is checked as what it stands for; the admin token from the
+        // environment is not seen here, but a settled config (the gateway's) has no empty one.
+        let admin_listen =
+            s.admin_listen_in_force(self.fleet_kind(), self.auth.admin_token_configured(None));
+        if admin_listen != ADMIN_ON_MAIN {
+            match admin_listen.parse::<std::net::SocketAddr>() {
                 Err(_) => {
                     return Err(invalid(
                         "server.admin_listen",
                         format!(
-                            "`{}` is not a socket address like 127.0.0.1:9091 (empty: no admin listener)",
-                            s.admin_listen
+                            "`{admin_listen}` is not a socket address like 127.0.0.1:9091 \
+                             (`{ADMIN_ON_MAIN}`: on the main listener; empty: the default)"
                         ),
                     ))
                 }
                 Ok(a) if a.port() != 0 && s.listen.parse().ok() == Some(a) => {
                     return Err(invalid(
                         "server.admin_listen",
-                        "must differ from server.listen",
+                        format!(
+                            "must differ from server.listen (`{ADMIN_ON_MAIN}` serves the admin \
+                             surface there)"
+                        ),
                     ))
                 }
                 Ok(_) => {}
@@ -324,10 +372,11 @@ impl Config {
         self.picker.validate()?;
         if let Some(tls) = &s.tls {
             tls.validate()?;
-            if tls.admin && !s.has_admin_listener() {
+            if tls.admin && admin_listen == ADMIN_ON_MAIN {
                 return Err(invalid(
                     "server.tls.admin",
-                    "needs server.admin_listen (without it the admin surface is on the TLS listener)",
+                    "needs an admin listener (server.admin_listen is on the main listener, \
+                     which serves the admin surface with TLS already)",
                 ));
             }
         }
@@ -594,11 +643,78 @@ mod tests {
         assert!(e.contains("server.listen"), "{e}");
     }
 
+    fn with_static_instance() -> Config {
+        Config {
+            pools: vec![PoolConfig::serving(
+                "m",
+                vec![InstanceConfig::at("i0", "http://10.0.0.1:8000")],
+            )],
+            ..Config::default()
+        }
+    }
+
     #[test]
-    fn admin_listen_is_empty_or_another_socket_address() {
+    fn the_admin_surface_default_depends_on_the_fleet() {
+        // The embedded simulated fleet: on the main listener, as before.
         let mut c = Config::default();
+        assert_eq!(c.fleet_kind(), FleetKind::Embedded);
         assert!(c.server.admin_listen.is_empty());
+        c.settle_admin_listen(false);
+        assert_eq!(c.server.admin_listen, ADMIN_ON_MAIN);
+        assert!(!c.server.has_admin_listener());
+        c.validate().unwrap();
+        // Settled before the embedded fleet fills `pools`: the embedded pool does not move it.
+        c.pools = with_static_instance().pools;
+        c.settle_admin_listen(false);
+        assert_eq!(c.server.admin_listen, ADMIN_ON_MAIN);
+
+        // Static instances: a loopback admin listener of its own.
+        let mut c = with_static_instance();
+        assert_eq!(c.fleet_kind(), FleetKind::Real);
+        c.settle_admin_listen(false);
+        assert_eq!(c.server.admin_listen, DEFAULT_ADMIN_LISTEN);
+        assert!(c.server.has_admin_listener());
+        let a: std::net::SocketAddr = c.server.admin_listen.parse().unwrap();
+        assert!(a.ip().is_loopback());
+        c.validate().unwrap();
+
+        // Discovered instances: the same.
+        let mut c = Config::default();
+        let mut pool = PoolConfig::serving("m", vec![]);
+        pool.discovery.source = kvgate_discovery::SourceKind::Dns;
+        c.pools = vec![pool];
+        assert_eq!(c.fleet_kind(), FleetKind::Real);
+        c.settle_admin_listen(false);
+        assert_eq!(c.server.admin_listen, DEFAULT_ADMIN_LISTEN);
+
+        // An admin token keeps it on the main listener, closed by the token.
+        let mut c = with_static_instance();
+        c.settle_admin_listen(true);
+        assert_eq!(c.server.admin_listen, ADMIN_ON_MAIN);
+        let mut c = with_static_instance();
+        c.auth.admin_token_file = "/etc/kvgate/admin-token".into();
+        assert!(c.auth.admin_token_configured(None));
+        let mut c2 = with_static_instance();
+        assert!(c2.auth.admin_token_configured(Some("t")));
+        assert!(!c2.auth.admin_token_configured(Some("  ")));
+        c.settle_admin_listen(c.auth.admin_token_configured(None));
+        assert_eq!(c.server.admin_listen, ADMIN_ON_MAIN);
+
+        // What the operator wrote stays.
+        for explicit in [ADMIN_ON_MAIN, "0.0.0.0:9091"] {
+            c2.server.admin_listen = explicit.into();
+            c2.settle_admin_listen(false);
+            assert_eq!(c2.server.admin_listen, explicit);
+            c2.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn admin_listen_is_main_or_another_socket_address() {
+        let mut c = Config::default();
         c.server.admin_listen = "127.0.0.1:9091".into();
+        c.validate().unwrap();
+        c.server.admin_listen = "main".into();
         c.validate().unwrap();
         c.server.admin_listen = "localhost".into();
         let e = c.validate().unwrap_err().to_string();
@@ -624,6 +740,18 @@ mod tests {
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("server.tls.admin"), "{e}");
         c.server.admin_listen = "127.0.0.1:9091".into();
+        c.validate().unwrap();
+        c.server.admin_listen = ADMIN_ON_MAIN.into();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("server.tls.admin"), "{e}");
+        // In front of real instances an empty admin_listen is the default admin listener.
+        let mut c = with_static_instance();
+        c.server.tls = Some(crate::config::ServerTlsConfig {
+            cert_file: "c.pem".into(),
+            key_file: "k.pem".into(),
+            admin: true,
+            ..Default::default()
+        });
         c.validate().unwrap();
     }
 

@@ -25,16 +25,50 @@ impl std::str::FromStr for LogFormat {
     }
 }
 
+/// `server.admin_listen` value that keeps the admin surface on the main listener.
+pub const ADMIN_ON_MAIN: &str = "main";
+
+/// The admin listener an empty `server.admin_listen` means in front of real instances without an
+/// admin token: loopback only, so nothing off the host reads the fleet, the decisions or the
+/// metrics unless the operator says so.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9091";
+
+/// What the gateway fronts: some defaults depend on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FleetKind {
+    /// No `[[pools]]`: the embedded simulated fleet (no real model, nothing to protect).
+    Embedded,
+    /// `[[pools]]` of static or discovered instances.
+    Real,
+}
+
+/// What an empty `server.admin_listen` stands for: the main listener in front of the embedded
+/// simulated fleet (so `curl /admin/decisions` works out of the box) or when an admin token
+/// closes the surface there; in front of real instances without a token, a listener of its own on
+/// [`DEFAULT_ADMIN_LISTEN`].
+pub fn admin_listen_default(fleet: FleetKind, admin_token: bool) -> &'static str {
+    match fleet {
+        FleetKind::Embedded => ADMIN_ON_MAIN,
+        FleetKind::Real if admin_token => ADMIN_ON_MAIN,
+        FleetKind::Real => DEFAULT_ADMIN_LISTEN,
+    }
+}
+
 /// `[server]` section.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
-    /// Socket address the gateway listens on.
+    /// Socket address the gateway listens on: the HTTP proxy (and the admin surface when
+    /// `admin_listen` is empty). Empty: no HTTP proxy listener at all — the endpoint picker
+    /// (`[picker]`) is the only door to the fleet, and the admin surface is on `admin_listen`,
+    /// which must then be set.
     pub listen: String,
-    /// A second socket address serving only the admin surface (`/admin/*`, `/metrics`, plus
-    /// `/health` and `/ready`), plain HTTP. Set: the main listener answers `/admin/*` and
-    /// `/metrics` 404. Empty: the admin surface is on the main listener (behind the admin token,
-    /// when one is set).
+    /// Where the admin surface (`/admin/*`, `/metrics`) is served:
+    /// - a socket address: a listener of its own, serving only it plus `/health` and `/ready`;
+    ///   the main listener then answers `/admin/*` and `/metrics` 404;
+    /// - [`ADMIN_ON_MAIN`] (`"main"`): the main listener (behind the admin token, when one is
+    ///   set);
+    /// - empty (the default): chosen by [`admin_listen_default`] from what the gateway fronts.
     pub admin_listen: String,
     /// Largest accepted request body; bigger bodies get 413 without being read.
     pub body_limit_bytes: usize,
@@ -78,9 +112,32 @@ impl Default for ServerConfig {
 }
 
 impl ServerConfig {
-    /// True when `admin_listen` moves the admin surface to a listener of its own.
+    /// True when `listen` is set: the HTTP proxy is served (false: picker only).
+    pub fn has_proxy_listener(&self) -> bool {
+        !self.listen.is_empty()
+    }
+
+    /// True when `admin_listen` moves the admin surface to a listener of its own. An empty
+    /// `admin_listen` counts as none here: [`crate::config::Config::settle_admin_listen`] gives
+    /// it its value first (the gateway's state does that when it is built).
     pub fn has_admin_listener(&self) -> bool {
-        !self.admin_listen.is_empty()
+        !self.admin_listen.is_empty() && self.admin_listen != ADMIN_ON_MAIN
+    }
+
+    /// `admin_listen`, or what an empty one stands for (see [`admin_listen_default`]).
+    pub fn admin_listen_in_force(&self, fleet: FleetKind, admin_token: bool) -> &str {
+        if self.admin_listen.is_empty() {
+            admin_listen_default(fleet, admin_token)
+        } else {
+            &self.admin_listen
+        }
+    }
+
+    /// True when `listen` is a loopback address (nothing off the host reaches it).
+    pub fn listens_on_loopback(&self) -> bool {
+        self.listen
+            .parse::<std::net::SocketAddr>()
+            .is_ok_and(|a| a.ip().is_loopback())
     }
 }
 
@@ -113,9 +170,10 @@ pub struct LimitsConfig {
     /// capped by the kernel at `net.core.somaxconn`). Beyond it a new client's SYN is dropped
     /// and it waits out a retransmit (a second or more), so a burst of connections must fit.
     pub listen_backlog: u32,
-    /// TCP keepalive on accepted sockets: idle time before the first probe.
+    /// TCP keepalive on accepted sockets: idle time before the first probe (whole seconds in
+    /// the kernel: rounded up, at least 1 s).
     pub tcp_keepalive_idle_ms: u64,
-    /// TCP keepalive: time between unanswered probes.
+    /// TCP keepalive: time between unanswered probes (rounded up to whole seconds, as above).
     pub tcp_keepalive_interval_ms: u64,
     /// Request body bytes held in memory at once, across all connections. A request whose body
     /// does not fit waits up to `body_budget_wait_ms`, then gets 503; one larger than the whole

@@ -39,6 +39,13 @@ pub struct Instance {
     pub config: InstanceConfig,
     /// Engine family.
     pub flavour: Flavour,
+    /// Role for disaggregated serving (`prefill`, `decode`, `both`), from a discovered pod's
+    /// labels; `None` when not labelled (static instances). Shown in `/admin/instances`; routing
+    /// does not use it yet.
+    pub role: Option<String>,
+    /// The engine's data-parallel size, from a discovered pod's labels: its KV events arrive on
+    /// that many sockets (rank r on port + r). `None`: `events.dp_ranks`.
+    pub dp_size: Option<u32>,
     /// Health verdicts.
     pub health: Health,
     /// Time from sending a request to its response headers.
@@ -81,6 +88,8 @@ impl Instance {
             tls,
             host_header,
             flavour,
+            role: None,
+            dp_size: None,
             health: Health::new(),
             header_latency: Ewma::default(),
             ttft: Ewma::default(),

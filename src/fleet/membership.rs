@@ -7,6 +7,13 @@
 //! - An endpoint is keyed by `(name, url)`: a pod re-created with a new IP is a new instance with
 //!   an empty cache; the same key listed again while its instance still drains revives it (a
 //!   readiness flap keeps the cache it had).
+//! - An endpoint labelled with a model (`kvgate.dev/model`, `llm-d.ai/model`) that is not its
+//!   pool's model ([`names_model`]) is not the pool's: it is never an instance of it, and an
+//!   instance whose pod is relabelled to another model drains. Several pools may therefore
+//!   follow one Service, each taking the pods labelled with its model. Unlabelled endpoints are
+//!   the pool's.
+//! - Role and data-parallel size are read from the endpoint when its instance is added; a label
+//!   changed on a running pod takes effect when the pod is re-created.
 //! - A discovered pool never has more than its `max_instances` serving; endpoints beyond the
 //!   bound, with a bad URL or name, or named like a serving instance of another pool, are left
 //!   out and reported in [`Change::refused`], never half-added.
@@ -32,6 +39,9 @@ pub struct Change {
     pub removed: Vec<Arc<Instance>>,
     /// Endpoints left out, with why.
     pub refused: Vec<(String, String)>,
+    /// Endpoints labelled for another model than the pool's: `(name, model)`. Not the pool's;
+    /// normal when several pools follow one Service.
+    pub other_model: Vec<(String, String)>,
 }
 
 impl Change {
@@ -53,6 +63,39 @@ fn instance_config(ep: &Endpoint) -> InstanceConfig {
     }
 }
 
+/// Whether `labelled`, the model a pod names, is `model`: the same name, or, since a label
+/// value cannot hold `/` (`Qwen/Qwen3-0.6B` is labelled `Qwen3-0.6B` or `qwen-qwen3-0-6b`), the
+/// same once both are normalised (lower case, every run of characters other than ASCII letters
+/// and digits one `-`), compared with the whole model name or with its part after the last `/`.
+pub fn names_model(model: &str, labelled: &str) -> bool {
+    if model == labelled {
+        return true;
+    }
+    let label = normalise(labelled);
+    if label.is_empty() {
+        return false;
+    }
+    label == normalise(model)
+        || model
+            .rsplit_once('/')
+            .is_some_and(|(_, last)| label == normalise(last))
+}
+
+fn normalise(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_ascii_alphanumeric() {
+            out.push(c.to_ascii_lowercase());
+        } else if !out.is_empty() && !out.ends_with('-') {
+            out.push('-');
+        }
+    }
+    while out.ends_with('-') {
+        out.pop();
+    }
+    out
+}
+
 /// The engine family an endpoint reports, else the pool's.
 fn flavour_of(ep: &Endpoint, pool: &PoolConfig) -> Flavour {
     match ep.flavour.as_deref() {
@@ -72,6 +115,13 @@ impl Fleet {
         let cur = self.view.load_full();
         let mut slots = cur.slots.clone();
         let mut change = Change::default();
+        let (endpoints, others): (Vec<&Endpoint>, Vec<&Endpoint>) = endpoints
+            .iter()
+            .partition(|e| e.model.as_deref().is_none_or(|m| names_model(&pc.model, m)));
+        change.other_model = others
+            .into_iter()
+            .map(|e| (e.name.clone(), e.model.clone().unwrap_or_default()))
+            .collect();
         let listed = |i: &Instance| endpoints.iter().any(|e| e.key() == i.key());
         for inst in cur.instances().filter(|i| i.pool == pool) {
             if inst.is_removed() {
@@ -144,7 +194,9 @@ impl Fleet {
                 flavour_of(ep, pc),
                 instance_config(ep),
             ) {
-                Ok(inst) => {
+                Ok(mut inst) => {
+                    inst.role.clone_from(&ep.role);
+                    inst.dp_size = ep.dp_size;
                     let inst = Arc::new(inst);
                     if slot == slots.len() {
                         slots.push(Some(inst.clone()));
@@ -297,6 +349,47 @@ mod tests {
         assert_eq!(names(&f), ["a"]);
         // Slots: 2 × max_instances, so draining instances fit beside their successors.
         assert_eq!(f.capacity(), 4);
+    }
+
+    #[test]
+    fn a_model_label_names_the_pool_exactly_or_in_label_form() {
+        assert!(names_model("Qwen/Qwen3-0.6B", "Qwen/Qwen3-0.6B"));
+        assert!(names_model("Qwen/Qwen3-0.6B", "Qwen3-0.6B"));
+        assert!(names_model("Qwen/Qwen3-0.6B", "qwen-qwen3-0-6b"));
+        assert!(names_model("llama", "Llama"));
+        assert!(!names_model("Qwen/Qwen3-0.6B", "Qwen3-8B"));
+        assert!(!names_model("Qwen/Qwen3-0.6B", "qwen"));
+        assert!(!names_model("Qwen/Qwen3-0.6B", "--"));
+        assert!(!names_model("m", "other"));
+    }
+
+    #[test]
+    fn endpoints_of_another_model_are_not_the_pools_and_labels_are_kept() {
+        let f = fleet(8, 0);
+        let mut a = ep("a", 1);
+        a.model = Some("M".into());
+        a.role = Some("prefill".into());
+        a.dp_size = Some(4);
+        let mut b = ep("b", 2);
+        b.model = Some("other".into());
+        let c = f.reconcile(0, &[a.clone(), b.clone(), ep("c", 3)], 0);
+        assert_eq!(names(&f), ["a", "c"]);
+        assert_eq!(c.other_model, [("b".to_string(), "other".to_string())]);
+        assert!(c.refused.is_empty());
+        let inst = &c.added[0];
+        assert_eq!(
+            (inst.name.as_str(), inst.role.as_deref(), inst.dp_size),
+            ("a", Some("prefill"), Some(4))
+        );
+        assert_eq!(
+            (c.added[1].role.as_deref(), c.added[1].dp_size),
+            (None, None)
+        );
+        // a relabelled to another model: it leaves the pool (drains) like a removed endpoint.
+        a.model = Some("other".into());
+        let c = f.reconcile(0, &[a, b, ep("c", 3)], 1);
+        assert_eq!(c.removed.len(), 1);
+        assert_eq!(names(&f), ["c"]);
     }
 
     #[test]

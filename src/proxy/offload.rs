@@ -67,6 +67,8 @@ use tokio::sync::Semaphore;
 pub struct Offload {
     /// One permit per tokenizing thread.
     running: Arc<Semaphore>,
+    /// Tokenizing threads (the permits `running` began with).
+    threads: usize,
     /// Prompts waiting for a permit.
     waiting: AtomicUsize,
     max_queued: usize,
@@ -77,8 +79,10 @@ pub struct Offload {
 impl Offload {
     /// A pool sized by `cfg`.
     pub fn new(cfg: &TokenizeSection) -> Self {
+        let threads = cfg.threads().max(1);
         Self {
-            running: Arc::new(Semaphore::new(cfg.threads().max(1))),
+            running: Arc::new(Semaphore::new(threads)),
+            threads,
             waiting: AtomicUsize::new(0),
             max_queued: cfg.max_queued,
             max_wait: Duration::from_millis(cfg.max_wait_ms),
@@ -95,6 +99,21 @@ impl Offload {
     /// Prompts waiting for a tokenizing thread now.
     pub fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Prompts being tokenized now (threads in use).
+    pub fn tokenizing(&self) -> usize {
+        self.threads
+            .saturating_sub(self.running.available_permits())
+    }
+
+    /// Takes every tokenizing thread, as prompts being tokenized would, until the returned
+    /// permit drops; `None` when one is in use. For tests of a full pool: a real prompt frees
+    /// its thread at a moment no test controls.
+    #[doc(hidden)]
+    pub fn occupy(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let n = u32::try_from(self.threads).ok()?;
+        self.running.clone().try_acquire_many_owned(n).ok()
     }
 
     /// [`ready`] on a blocking thread.

@@ -25,6 +25,8 @@
 //!   `server.tls.admin` is set; the admin router only ([`GatewayService::admin`]), under the same
 //!   `[server.limits]` with a connection cap of its own (`AppState::admin_limits`), so a flood
 //!   on the main listener cannot take its places.
+//! - With `server.listen` empty (picker only) there is no main acceptor: the admin listener, the
+//!   background tasks and gossip run as with one, for the endpoint picker serving beside them.
 //! - Shutdown: the acceptors stop accepting (the admin one too, after the same drain delay),
 //!   every worker drains its connections (of both listeners) for up to
 //!   `server.shutdown_grace_ms`, then drops what is left; [`run`] returns once every worker
@@ -55,15 +57,15 @@ pub async fn run(
     threads: usize,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    run_with_admin(listener, None, state, threads, shutdown).await
+    run_with_admin(Some(listener), None, state, threads, shutdown).await
 }
 
-/// Binds `server.admin_listen`, when set.
+/// Binds `server.admin_listen`, when it is an address (not the main listener).
 pub async fn bind_admin(state: &AppState) -> std::io::Result<Option<TcpListener>> {
-    let addr = &state.config.server.admin_listen;
-    if addr.is_empty() {
+    if !state.config.server.has_admin_listener() {
         return Ok(None);
     }
+    let addr = &state.config.server.admin_listen;
     let backlog = state.config.server.limits.listen_backlog;
     super::limits::listen::bind(addr, backlog)
         .await
@@ -77,20 +79,28 @@ pub async fn bind_admin(state: &AppState) -> std::io::Result<Option<TcpListener>
 }
 
 /// [`run`], with the admin listener (`server.admin_listen`) already bound: `admin` must be
-/// given exactly when `server.admin_listen` is set (`None` then binds it here).
+/// given only when `server.admin_listen` is an address (`None` then binds it here). `listener`
+/// is `None` exactly when `server.listen` is empty (picker only): then only the admin listener
+/// and the background tasks are served.
 pub async fn run_with_admin(
-    listener: TcpListener,
+    listener: Option<TcpListener>,
     admin: Option<TcpListener>,
     state: AppState,
     threads: usize,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let threads = threads.max(1);
+    if listener.is_some() != state.config.server.has_proxy_listener() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a proxy listener must be given exactly when server.listen is set",
+        ));
+    }
     let admin = match admin {
         Some(_) if !state.config.server.has_admin_listener() => {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
-                "an admin listener was given but server.admin_listen is empty",
+                "an admin listener was given but server.admin_listen names none",
             ))
         }
         Some(l) => Some(l),
@@ -139,13 +149,13 @@ pub async fn run_with_admin(
         workers.push(done_rx);
     }
 
-    let public = accept_loop(
-        &listener,
-        &state.limits,
-        tls.is_some(),
-        Surface::Main,
-        &senders,
-    );
+    let public = async {
+        match &listener {
+            Some(l) => accept_loop(l, &state.limits, tls.is_some(), Surface::Main, &senders).await,
+            // Picker only: no HTTP proxy listener.
+            None => std::future::pending().await,
+        }
+    };
     let admin_tls = tls.is_some() && state.config.server.tls.as_ref().is_some_and(|t| t.admin);
     let admin_loop = async {
         match (&admin, &state.admin_limits) {
@@ -397,6 +407,8 @@ mod tests {
     fn config(url: String) -> Config {
         let mut c = Config::default();
         c.server.shutdown_grace_ms = 5_000;
+        // Not the default admin listener (a fixed port) in front of these instances.
+        c.server.admin_listen = crate::config::ADMIN_ON_MAIN.into();
         c.pools = vec![PoolConfig::serving("m", vec![InstanceConfig::at("u", url)])];
         c
     }

@@ -22,7 +22,9 @@ enum At {
     #[default]
     Key0,
     Key(u8),
-    /// After the key: waiting for `:`.
+    /// Just after the key's closing quote, which may also open the next key.
+    Closed,
+    /// After the key and whitespace: waiting for `:`.
     Colon,
     /// After `:`: waiting for the first digit.
     Value,
@@ -39,6 +41,12 @@ impl CompletionTokens {
             self.at = match self.at {
                 At::Key0 => self.key_byte(0, b),
                 At::Key(m) => self.key_byte(usize::from(m), b),
+                At::Closed => match b {
+                    b':' => At::Value,
+                    b' ' | b'\t' | b'\r' | b'\n' => At::Colon,
+                    // The quote just read is the key's first byte as well as its last.
+                    _ => self.key_byte(1, b),
+                },
                 At::Colon => match b {
                     b':' => At::Value,
                     b' ' | b'\t' | b'\r' | b'\n' => At::Colon,
@@ -72,7 +80,7 @@ impl CompletionTokens {
     fn key_byte(&self, matched: usize, b: u8) -> At {
         if b == KEY[matched] {
             if matched + 1 == KEY.len() {
-                At::Colon
+                At::Closed
             } else {
                 At::Key(matched as u8 + 1)
             }
@@ -106,6 +114,10 @@ data: {"usage":{"completion_tokens":56}}"#;
         let mut none = CompletionTokens::default();
         none.feed(br#"{"completion_tokens":"x","completion_tokens_details":{}}"#);
         assert_eq!(none.found(), None);
+        // A key whose opening quote closes the previous one (not JSON, but the key is there).
+        let mut overlapping = CompletionTokens::default();
+        overlapping.feed(br#""completion_tokens"completion_tokens" : 34,"#);
+        assert_eq!(overlapping.found(), Some(34));
         let mut huge = CompletionTokens::default();
         huge.feed(br#""completion_tokens":99999999999999999999999}"#);
         assert_eq!(huge.found(), Some(u64::MAX));

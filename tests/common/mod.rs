@@ -34,6 +34,9 @@ pub enum Mode {
     Slow(Duration),
     /// Holds each request until [`Mock::release`] lets it go, then answers with JSON.
     Held,
+    /// SSE: the first of `chunks` data events at once, then holds (counted in [`Mock::held`])
+    /// until [`Mock::release`], then the rest and `[DONE]`.
+    HeldStream { chunks: usize },
     /// SSE: up to `chunks` data events of `bytes` bytes each, sent as fast as the client reads.
     Flood { chunks: usize, bytes: usize },
 }
@@ -69,6 +72,13 @@ pub struct Mock {
 
 impl Mock {
     pub async fn start(name: &str) -> Mock {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_on(name, listener)
+    }
+
+    /// A mock serving on `listener` (e.g. another loopback address on a port chosen for the
+    /// first, as the pods of one Kubernetes pool share a port).
+    pub fn start_on(name: &str, listener: tokio::net::TcpListener) -> Mock {
         let state = Arc::new(MockState {
             name: name.to_string(),
             mode: Mutex::new(Mode::Json),
@@ -90,7 +100,6 @@ impl Mock {
             .route("/v1/models", get(models))
             .route("/metrics", get(metrics))
             .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel::<()>();
         tokio::spawn(async move {
@@ -233,7 +242,42 @@ async fn proxied(State(s): State<Arc<MockState>>, req: Request) -> Response {
                 .into_response()
         }
         Mode::Flood { chunks, bytes } => flood(s.clone(), chunks, bytes),
+        Mode::HeldStream { chunks } => held_sse(s.clone(), chunks),
     }
+}
+
+fn held_sse(s: Arc<MockState>, chunks: usize) -> Response {
+    let guard = StreamGuard {
+        state: s.clone(),
+        done: false,
+    };
+    let stream = futures::stream::unfold((0usize, guard, s), move |(i, guard, s)| async move {
+        if i > chunks {
+            guard.finish();
+            return None;
+        }
+        if i == 1 {
+            s.held.fetch_add(1, Ordering::SeqCst);
+            if let Ok(p) = s.hold.acquire().await {
+                p.forget();
+            }
+            s.held.fetch_sub(1, Ordering::SeqCst);
+        }
+        if i == chunks {
+            return Some((
+                Ok::<_, std::io::Error>(Bytes::from_static(b"data: [DONE]\n\n")),
+                (i + 1, guard, s),
+            ));
+        }
+        let line = format!(
+            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i}\"}}}}]}}\n\n"
+        );
+        Some((Ok(Bytes::from(line)), (i + 1, guard, s)))
+    });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(stream))
+        .unwrap()
 }
 
 fn flood(s: Arc<MockState>, chunks: usize, bytes: usize) -> Response {
@@ -300,9 +344,13 @@ fn async_stream(
     })
 }
 
-/// A config fronting `urls` as one pool of model `m`, with fast health checks.
+/// A config fronting `urls` as one pool of model `m`, with fast health checks and the admin
+/// surface on the main listener: the tests read `/metrics` and `/admin/*` there, which in front
+/// of real instances has to be asked for (the default is an admin listener on a fixed loopback
+/// port, which no test may bind; tests wanting one set `127.0.0.1:0`, bound by [`Gateway`]).
 pub fn config_for(urls: &[String]) -> Config {
     let mut c = Config::default();
+    c.server.admin_listen = kvgate::config::ADMIN_ON_MAIN.into();
     c.health.interval_ms = 50;
     c.health.timeout_ms = 500;
     c.health.models_refresh_ms = 100;
@@ -321,7 +369,8 @@ pub fn config_for(urls: &[String]) -> Config {
 /// A running gateway.
 pub struct Gateway {
     pub addr: SocketAddr,
-    /// The admin listener's address, when `server.admin_listen` is set (bound on port 0).
+    /// The admin listener's address, when `server.admin_listen` names one (bound on 127.0.0.1
+    /// port 0 whatever the address, so the default 127.0.0.1:9091 is never bound by a test).
     pub admin_addr: Option<SocketAddr>,
     pub state: kvgate::app::AppState,
     stop: Option<oneshot::Sender<()>>,

@@ -152,7 +152,8 @@ class World:
         self.kvgate = None
         self.vllm_url = f"http://127.0.0.1:{self.vllm_port}"
         self.kvgate_url = f"http://127.0.0.1:{self.kvgate_port}"
-        # Where /admin/* is served: the main listener, until a kvgate with `admin_listen` runs.
+        # Where /admin/* is served: the main listener (asked for with `admin_listen = "main"`;
+        # in front of real instances the default is 127.0.0.1:9091), until phase 6 moves it.
         self.admin_url = self.kvgate_url
         self.rid = 0
 
@@ -186,7 +187,7 @@ class World:
                 os.killpg(self.vllm.pid, signal.SIGKILL)
                 self.vllm.wait()
 
-    def start_kvgate(self, extra_server="", extra="", ttl_ms=TTL_MS):
+    def start_kvgate(self, extra_server='admin_listen = "main"', extra="", ttl_ms=TTL_MS):
         d = self.args.model_dir
         cfg = f"""
 [server]

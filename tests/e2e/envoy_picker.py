@@ -140,6 +140,8 @@ def main():
             f"""
 [server]
 listen = "127.0.0.1:{http}"
+# /admin/decisions and /admin/instances are read on this listener.
+admin_listen = "main"
 log_filter = "warn"
 body_limit_bytes = 200000
 

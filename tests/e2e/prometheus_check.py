@@ -2,7 +2,11 @@
 
 Starts a simulated fleet (`kvgate sim`, with a few injected 500s), two kvgate gateways in front of
 it gossiping with each other (admission control on, tight enough that requests wait and some are
-turned away), and Prometheus scraping both every second with the alert rules loaded. While
+turned away), a third gateway whose pool is discovered with the `dns` source (the name
+127.0.0.1, re-resolved every second, on the first engine's port: no DNS server needed) so that
+the discovery panels and rules see a discovered pool, and Prometheus scraping all three every
+second with the alert rules loaded. The third gateway does not gossip (its discovered instance
+is named `ip:port`, not as the others name the engines) and takes a little load of its own. While
 streaming chat load runs through both gateways (plus a few malformed requests and junk gossip
 datagrams), it evaluates every PromQL expression of every dashboard panel through
 GET /api/v1/query, Grafana variables replaced by concrete values, and fails if one errors or
@@ -109,10 +113,16 @@ def read_line(p, limit_s):
     return box[0]
 
 
-def gateway_config(listen, gossip_bind, seed, instances):
+def port_of(url):
+    return int(url.rstrip("/").rsplit(":", 1)[1])
+
+
+def gateway_config(listen, admin_listen, gossip_bind, seed, instances, discovered=False):
     lines = [
         "[server]",
         f'listen = "{listen}"',
+        # /metrics on a loopback admin listener of its own, as in deploy/ (there 0.0.0.0:9091).
+        f'admin_listen = "{admin_listen}"',
         "shutdown_grace_ms = 2000",
         "[upstream]",
         # The fleet answers some requests 500: retry those on another instance.
@@ -123,16 +133,32 @@ def gateway_config(listen, gossip_bind, seed, instances):
         "max_engine_waiting = 0",
         "max_queue_entries = 4",
         "max_wait_ms = 300",
-        "[gossip]",
-        "enabled = true",
-        f'bind = "{gossip_bind}"',
-        f'seeds = ["{seed}"]',
-        'cluster_id = "e2e"',
+    ]
+    if gossip_bind:
+        lines += [
+            "[gossip]",
+            "enabled = true",
+            f'bind = "{gossip_bind}"',
+            f'seeds = ["{seed}"]',
+            'cluster_id = "e2e"',
+        ]
+    lines += [
         "[[pools]]",
         f'model = "{instances[0]["model"]}"',
         f'block_size = {instances[0]["block_size"]}',
         'tokenizer = "builtin"',
     ]
+    if discovered:
+        # The dns source resolving an address literal to the first engine (one port per dns
+        # pool, so one engine).
+        lines += [
+            "[pools.discovery]",
+            'source = "dns"',
+            'name = "127.0.0.1"',
+            f'port = {port_of(instances[0]["url"])}',
+            "interval_ms = 1000",
+        ]
+        return "\n".join(lines) + "\n"
     for i in instances:
         lines += [
             "[[pools.instances]]",
@@ -271,26 +297,38 @@ def main():
         log(f"fleet: {len(instances)} simulated engines")
 
         http_ports = [free_port(), free_port()]
+        admin_ports = [free_port(), free_port()]
         gossip_ports = [free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_DGRAM)]
         gateways = []
         for i in range(2):
             cfg = os.path.join(work, f"gw{i}.toml")
             with open(cfg, "w") as f:
-                f.write(gateway_config(f"127.0.0.1:{http_ports[i]}", f"127.0.0.1:{gossip_ports[i]}",
+                f.write(gateway_config(f"127.0.0.1:{http_ports[i]}", f"127.0.0.1:{admin_ports[i]}",
+                                       f"127.0.0.1:{gossip_ports[i]}",
                                        f"127.0.0.1:{gossip_ports[1 - i]}", instances))
             start(f"gw{i}", [kvgate, "--config", cfg], work, env={"KVGATE_GOSSIP_SECRET": SECRET})
             gateways.append(f"http://127.0.0.1:{http_ports[i]}")
-        for g in gateways:
+        admins = [f"http://127.0.0.1:{p}" for p in admin_ports]
+        # The third gateway: a discovered pool, no gossip.
+        http_ports.append(free_port())
+        admin_ports.append(free_port())
+        cfg = os.path.join(work, "gw2.toml")
+        with open(cfg, "w") as f:
+            f.write(gateway_config(f"127.0.0.1:{http_ports[2]}", f"127.0.0.1:{admin_ports[2]}", None, None,
+                                   instances, discovered=True))
+        start("gw2", [kvgate, "--config", cfg], work)
+        discovered = f"http://127.0.0.1:{http_ports[2]}"
+        for g in gateways + [discovered]:
             wait_until(f"{g}/ready", lambda g=g: http(f"{g}/ready", timeout=2)[0] == 200, 30)
-        for g in gateways:
-            wait_until(f"{g} gossip peer", lambda g=g: b"kvgate_gossip_peers 1" in http(f"{g}/metrics", timeout=2)[1], 30)
+        for a in admins:
+            wait_until(f"{a} gossip peer", lambda a=a: b"kvgate_gossip_peers 1" in http(f"{a}/metrics", timeout=2)[1], 30)
         log(f"gateways ready and gossiping: {gateways}")
 
         prom_port = free_port()
         prom = f"http://127.0.0.1:{prom_port}"
         targets = "\n".join(
             f"""      - targets: ["127.0.0.1:{p}"]
-        labels: {{pod: "gw-{i}", namespace: "e2e"}}""" for i, p in enumerate(http_ports))
+        labels: {{pod: "gw-{i}", namespace: "e2e"}}""" for i, p in enumerate(admin_ports))
         pcfg = os.path.join(work, "prometheus.yml")
         with open(pcfg, "w") as f:
             f.write(f"""global:
@@ -310,7 +348,7 @@ scrape_configs:
         log(f"prometheus ready at {prom}")
 
         passed, failed = 0, []
-        with Load(gateways, instances[0]["model"]) as load:
+        with Load(gateways, instances[0]["model"]) as load, Load([discovered], instances[0]["model"], workers=1):
             warm_end = time.monotonic() + LOAD_WARMUP_S
             while time.monotonic() < warm_end and left() > 60:
                 junk_datagrams(gossip_ports)

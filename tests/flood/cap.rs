@@ -58,6 +58,8 @@ fn toml(cap: usize, m: &Mock) -> String {
     format!(
         r#"[server]
 listen = "127.0.0.1:0"
+# /metrics on the main listener (the default in front of instances is a fixed loopback port).
+admin_listen = "main"
 log_filter = "info"
 shutdown_grace_ms = 1000
 

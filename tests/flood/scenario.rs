@@ -187,6 +187,8 @@ fn toml(size: &Size, m: &Mock, f: &Mock) -> String {
         s,
         r#"[server]
 listen = "127.0.0.1:0"
+# /metrics on the main listener (the default in front of instances is a fixed loopback port).
+admin_listen = "main"
 log_filter = "info"
 shutdown_grace_ms = 1000
 

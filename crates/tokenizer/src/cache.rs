@@ -11,11 +11,11 @@
 //! rule does not hold, [`crate::Tokenizer::safe_splits`] returns `None` and the whole text is
 //! encoded as before. Per tokenizer family:
 //!
-//! - **built-in `cl100k_base` (tiktoken)**: a split just after `<|end|>\n` when the next byte is
-//!   `<` (the built-in template's end of a message). cl100k's pre-tokenization regex ends the
-//!   letters piece at `d`, takes `|>\n` as one punctuation piece (`[\r\n]*` stops at `<`), and
-//!   BPE never merges across pieces; no cl100k special token contains `\n<`, so no special-token
-//!   match spans the split either.
+//! - **built-in `cl100k_base`** ([`crate::cl100k`], tiktoken's ids): a split just after
+//!   `<|end|>\n` when the next byte is `<` (the built-in template's end of a message). cl100k's
+//!   pre-tokenization pattern ends the letters piece at `d`, takes `|>\n` as one punctuation
+//!   piece (`[\r\n]*` stops at `<`), and BPE never merges across pieces; no cl100k special
+//!   token contains `\n<`, so no special-token match spans the split either.
 //! - **Hugging Face `tokenizer.json`**: a split just after every added token matched in the text
 //!   (leftmost-longest, as the added vocabulary splits before normalization and
 //!   pre-tokenization, so pieces on either side are processed independently). Used only when the

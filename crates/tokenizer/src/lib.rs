@@ -13,6 +13,8 @@
 //!
 //! - [`Tokenizer`]: the built-in `cl100k_base` BPE (no files needed) or any Hugging Face
 //!   `tokenizer.json`. Cheap to clone, `Send + Sync`.
+//! - [`cl100k`]: the built-in encoder, tiktoken's `cl100k_base` ids without its backtracking
+//!   regex (public so the tests and the fuzz target can compare its pieces and ids).
 //! - [`ChatTemplate`]: the built-in template (below) or a Jinja chat template as shipped with
 //!   Hugging Face models (`chat_template.jinja`, or the `chat_template` field of
 //!   `tokenizer_config.json`), rendered with the same whitespace rules as `transformers`.
@@ -40,6 +42,7 @@
 //! of it (a property prefix caching relies on).
 
 pub mod cache;
+pub mod cl100k;
 mod error;
 mod message;
 mod template;

@@ -1,6 +1,9 @@
 //! [`Tokenizer`]: one interface over the built-in `cl100k_base` BPE and Hugging Face
 //! `tokenizer.json` files.
 //!
+//! The built-in tokenizer is [`crate::cl100k`]: the ids of `tiktoken-rs`'s `cl100k_base`
+//! (`encode_with_special_tokens`), without its backtracking regex.
+//!
 //! Invariants: a `Tokenizer` is immutable after construction and shared through an `Arc`, so clones
 //! are cheap and it can be used from any thread. `count(text)` equals
 //! `encode(text, false).len()` whenever encoding succeeds.
@@ -8,6 +11,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::cl100k::Cl100k;
 use crate::TokenizerError;
 
 /// A text ↔ token-id codec.
@@ -37,7 +41,8 @@ enum SplitRule {
 }
 
 enum Backend {
-    Tiktoken(tiktoken_rs::CoreBPE),
+    /// Shared by every built-in tokenizer of the process.
+    Cl100k(&'static Cl100k),
     Hf(Box<tokenizers::Tokenizer>),
 }
 
@@ -52,12 +57,12 @@ impl std::fmt::Debug for Tokenizer {
 
 impl Tokenizer {
     /// The built-in tokenizer: OpenAI's `cl100k_base` BPE, compiled into the binary. It has no
-    /// BOS token, so encoding with or without special tokens gives the same ids.
+    /// BOS token, so encoding with or without special tokens gives the same ids. The
+    /// vocabulary is loaded once per process (the first call takes tens of milliseconds).
     pub fn builtin() -> Result<Self, TokenizerError> {
-        let bpe = tiktoken_rs::cl100k_base().map_err(|e| TokenizerError::Load(e.to_string()))?;
         Ok(Self {
             inner: Arc::new(Inner {
-                backend: Backend::Tiktoken(bpe),
+                backend: Backend::Cl100k(Cl100k::get()?),
                 name: "cl100k_base".to_owned(),
                 bos: None,
                 split_rule: SplitRule::EndMarker,
@@ -102,7 +107,7 @@ impl Tokenizer {
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
         match &self.inner.backend {
             // cl100k_base has no post-processor: special tokens are never added.
-            Backend::Tiktoken(bpe) => Ok(bpe.encode_with_special_tokens(text)),
+            Backend::Cl100k(cl) => Ok(cl.encode(text)),
             Backend::Hf(tok) => tok
                 .encode_fast(text, add_special_tokens)
                 .map(|enc| enc.get_ids().to_vec())
@@ -113,10 +118,14 @@ impl Tokenizer {
     /// Decodes ids back to text, special tokens included.
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
         match &self.inner.backend {
-            Backend::Tiktoken(bpe) => {
-                let bytes = bpe
-                    .decode_bytes(ids)
-                    .map_err(|e| TokenizerError::Decode(format!("unknown token id {}", e.token)))?;
+            Backend::Cl100k(cl) => {
+                let mut bytes = Vec::with_capacity(ids.len() * 4);
+                for &id in ids {
+                    let token = cl
+                        .token_bytes(id)
+                        .ok_or_else(|| TokenizerError::Decode(format!("unknown token id {id}")))?;
+                    bytes.extend_from_slice(token);
+                }
                 String::from_utf8(bytes).map_err(|e| TokenizerError::Decode(e.to_string()))
             }
             Backend::Hf(tok) => tok
@@ -130,9 +139,8 @@ impl Tokenizer {
     /// token per four bytes is returned instead, since a count is only used for sizing.
     pub fn count(&self, text: &str) -> usize {
         match &self.inner.backend {
-            // encode_ordinary skips the special-token scan when there is nothing to find.
-            Backend::Tiktoken(bpe) if !text.contains("<|") => bpe.encode_ordinary(text).len(),
-            _ => self
+            Backend::Cl100k(cl) => cl.count(text),
+            Backend::Hf(_) => self
                 .encode(text, false)
                 .map(|ids| ids.len())
                 .unwrap_or_else(|_| text.len().div_ceil(4)),
@@ -147,8 +155,8 @@ impl Tokenizer {
     /// The id of a token string (vocabulary or special token), if it exists.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         match &self.inner.backend {
-            Backend::Tiktoken(bpe) => {
-                let ids = bpe.encode_with_special_tokens(token);
+            Backend::Cl100k(cl) => {
+                let ids = cl.encode(token);
                 match ids.as_slice() {
                     [id] => Some(*id),
                     _ => None,

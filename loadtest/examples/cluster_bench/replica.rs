@@ -43,6 +43,8 @@ pub struct Replica {
 fn config(spec: &ReplicaSpec, seeds: &[SocketAddr]) -> Config {
     let mut c = Config::default();
     c.server.shutdown_grace_ms = 1_000;
+    // Several replicas in one process: no admin listener on the default fixed port.
+    c.server.admin_listen = kvgate::config::ADMIN_ON_MAIN.into();
     c.routing.hash_mode = HashMode::Token;
     c.load.enabled = spec.scrape_engines;
     c.pools = vec![PoolConfig {

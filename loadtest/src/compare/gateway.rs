@@ -58,8 +58,11 @@ pub fn config_for(
 }
 
 impl InProcessGateway {
-    /// Starts the gateway with `cfg`.
-    pub async fn start(cfg: Config) -> Result<Self, GatewayStartError> {
+    /// Starts the gateway with `cfg`, its admin surface (`/metrics`, `/admin/*`) on the same
+    /// ephemeral port as the rest (`url`): never an admin listener on a fixed port, which a
+    /// second gateway of the same run could not bind.
+    pub async fn start(mut cfg: Config) -> Result<Self, GatewayStartError> {
+        cfg.server.admin_listen = kvgate::config::ADMIN_ON_MAIN.to_string();
         let state =
             kvgate::app::AppState::new(cfg).map_err(|e| GatewayStartError(e.to_string()))?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

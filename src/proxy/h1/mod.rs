@@ -306,9 +306,11 @@ async fn hand_off<S: Wire>(
         deadline,
         permit,
     ));
+    let stall = h2.then_some(limits.write);
     let service = Counted {
         inner: conns.service,
         requests,
+        stall,
     };
     let ended = if h2 {
         watcher

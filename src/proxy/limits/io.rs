@@ -15,6 +15,9 @@
 //! - HTTP/2: only the idle timeout applies (any frame may arrive between streams, and a head is
 //!   one frame); the wait is for the next stream.
 //! - A read or write that fails a deadline returns `TimedOut`, which ends hyper's connection.
+//! - HTTP/2: a client that stops reading shuts its window rather than stalling writes, so each
+//!   answer carries the write timeout itself ([`Counted::stall`]): not polled again within it
+//!   after a frame, the answer is dropped (its upstream cancelled) and the stream reset.
 //! - The connection's place under the cap is idle during a wait before any byte of a head (on
 //!   HTTP/2: the whole wait), busy otherwise. Evicted while idle, reads return end of file, which
 //!   ends hyper's connection as a client's close would. Evicted as a request's first bytes
@@ -266,6 +269,10 @@ pub struct Counted {
     pub inner: GatewayService,
     /// The connection's requests.
     pub requests: Arc<Requests>,
+    /// HTTP/2: the write timeout, enforced per answer ([`Stall`]). A client that stops reading
+    /// an HTTP/2 stream closes its flow-control window instead of stalling the socket's writes,
+    /// which [`Guarded`] would see.
+    pub stall: Option<Duration>,
 }
 
 type Answer = Pin<Box<dyn Future<Output = Result<Response<CountedBody>, Infallible>> + Send>>;
@@ -278,10 +285,139 @@ impl hyper::service::Service<Request<Incoming>> for Counted {
     fn call(&self, req: Request<Incoming>) -> Answer {
         let open = Open::new(&self.requests);
         let answer = self.inner.call(req);
+        let stall = self.stall;
         Box::pin(async move {
             let resp = answer.await?;
-            Ok(resp.map(|body| CountedBody { body, _open: open }))
+            Ok(resp.map(|body| CountedBody {
+                body: match stall {
+                    None => Watched::Plain { body },
+                    Some(limit) => Watched::Stall {
+                        stall: Stall::new(body, limit),
+                    },
+                },
+                _open: open,
+            }))
         })
+    }
+}
+
+pin_project! {
+    /// An answer's body as hyper polls it.
+    #[project = WatchedProj]
+    enum Watched {
+        Plain { #[pin] body: GatewayBody },
+        Stall { stall: Stall },
+    }
+}
+
+/// An HTTP/2 answer's body under the write timeout: hyper polls it for a frame only when the
+/// stream has room in the client's flow-control window, so a frame handed to hyper and not
+/// followed by another poll for the write timeout means the client stopped reading. A watchdog
+/// task then drops the body (which cancels the upstream request, as a cut connection does on
+/// HTTP/1.1) and counts a `write_timeout`; hyper's next poll, if any, gets an error and resets
+/// the stream. A poll that finds no frame ready (the upstream is slow) is not a stall.
+struct Stall {
+    shared: Arc<StallState>,
+    watchdog: tokio::task::AbortHandle,
+}
+
+struct StallState {
+    body: parking_lot::Mutex<Slot>,
+    /// When a frame was last handed to hyper, if hyper has not polled since.
+    handed: parking_lot::Mutex<Option<Instant>>,
+    /// Tells the watchdog a frame was handed.
+    handed_one: tokio::sync::Notify,
+}
+
+/// Where a watched body stands.
+enum Slot {
+    Live(Pin<Box<GatewayBody>>),
+    /// It ended (or failed) as hyper polled it.
+    Ended,
+    /// The watchdog dropped it.
+    Cut,
+}
+
+impl Stall {
+    fn new(body: GatewayBody, limit: Duration) -> Self {
+        let shared = Arc::new(StallState {
+            body: parking_lot::Mutex::new(Slot::Live(Box::pin(body))),
+            handed: parking_lot::Mutex::new(None),
+            handed_one: tokio::sync::Notify::new(),
+        });
+        let s = shared.clone();
+        let watchdog = tokio::spawn(async move {
+            loop {
+                let since = *s.handed.lock();
+                let Some(at) = since else {
+                    s.handed_one.notified().await;
+                    continue;
+                };
+                tokio::time::sleep_until(at + limit).await;
+                if *s.handed.lock() != Some(at) {
+                    continue;
+                }
+                let cut = std::mem::replace(&mut *s.body.lock(), Slot::Cut);
+                if let Slot::Live(body) = cut {
+                    metrics::record_connection_closed(CloseReason::WriteTimeout);
+                    drop(body);
+                }
+                return;
+            }
+        })
+        .abort_handle();
+        Self { shared, watchdog }
+    }
+
+    fn poll_frame(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, crate::proxy::body::BoxError>>> {
+        *self.shared.handed.lock() = None;
+        let mut slot = self.shared.body.lock();
+        let body = match &mut *slot {
+            Slot::Live(b) => b,
+            Slot::Ended => return Poll::Ready(None),
+            Slot::Cut => {
+                return Poll::Ready(Some(Err(io::Error::from(io::ErrorKind::TimedOut).into())))
+            }
+        };
+        let r = body.as_mut().poll_frame(cx);
+        match &r {
+            Poll::Ready(Some(Ok(_))) => {
+                *self.shared.handed.lock() = Some(Instant::now());
+                self.shared.handed_one.notify_one();
+            }
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
+                *slot = Slot::Ended;
+                self.watchdog.abort();
+            }
+            Poll::Pending => {}
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &*self.shared.body.lock() {
+            Slot::Live(b) => b.is_end_stream(),
+            Slot::Ended => true,
+            // Not a clean end: hyper must poll, and get the error.
+            Slot::Cut => false,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &*self.shared.body.lock() {
+            Slot::Live(b) => b.size_hint(),
+            Slot::Ended => SizeHint::with_exact(0),
+            Slot::Cut => SizeHint::default(),
+        }
+    }
+}
+
+impl Drop for Stall {
+    fn drop(&mut self) {
+        self.watchdog.abort();
     }
 }
 
@@ -289,7 +425,7 @@ pin_project! {
     /// An answer's body; its request stays open until it is done or dropped.
     pub struct CountedBody {
         #[pin]
-        body: GatewayBody,
+        body: Watched,
         _open: Open,
     }
 }
@@ -302,12 +438,21 @@ impl Body for CountedBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        self.project().body.poll_frame(cx)
+        match self.project().body.project() {
+            WatchedProj::Plain { body } => body.poll_frame(cx),
+            WatchedProj::Stall { stall } => stall.poll_frame(cx),
+        }
     }
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        match &self.body {
+            Watched::Plain { body } => body.is_end_stream(),
+            Watched::Stall { stall } => stall.is_end_stream(),
+        }
     }
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match &self.body {
+            Watched::Plain { body } => body.size_hint(),
+            Watched::Stall { stall } => stall.size_hint(),
+        }
     }
 }

@@ -8,7 +8,8 @@
 //!   `header_read_timeout_ms`. Both close the connection without an answer.
 //! - A complete head's declared body must arrive within `body_read_timeout_ms` (408, close).
 //! - A write that makes no progress for `write_timeout_ms` cuts the connection, which drops the
-//!   answer's body and with it the upstream request.
+//!   answer's body and with it the upstream request. On HTTP/2 the same bound holds per stream
+//!   (an answer whose client shut its window), and cuts only that stream ([`io::Counted`]).
 //! - Every served connection holds one place of the connection cap for its whole life
 //!   ([`places::Place`]). At the cap a new connection takes the place of the connection idle the
 //!   longest, which closes (`evict_idle_at_capacity`, see [`places`]); when none is idle the
@@ -87,8 +88,8 @@ impl Limits {
             refusals: Arc::new(Semaphore::new(REFUSALS)),
             refusal: refusal(l.max_connections),
             keepalive: TcpKeepalive::new()
-                .with_time(ms(l.tcp_keepalive_idle_ms))
-                .with_interval(ms(l.tcp_keepalive_interval_ms)),
+                .with_time(keepalive_secs(l.tcp_keepalive_idle_ms))
+                .with_interval(keepalive_secs(l.tcp_keepalive_interval_ms)),
         }
     }
 
@@ -128,6 +129,13 @@ impl Limits {
             drop(permit);
         });
     }
+}
+
+/// A TCP keepalive time of `ms` as the kernel takes it: whole seconds, rounded up, at least one.
+/// (Linux's `TCP_KEEPIDLE` and `TCP_KEEPINTVL` are in seconds and refuse 0; socket2 truncates,
+/// so 500 ms would ask for 0 s, fail, and leave the kernel's two-hour default in force.)
+fn keepalive_secs(ms: u64) -> Duration {
+    Duration::from_secs(ms.div_ceil(1000).max(1))
 }
 
 /// After an answer that ends the connection with part of the request unread: sends FIN, then
@@ -187,6 +195,40 @@ mod tests {
         assert_eq!(Limits::new(&c).body_limit, 100);
         c.limits.body_budget_bytes = 50;
         assert_eq!(Limits::new(&c).body_limit, 50);
+    }
+
+    /// Linux: what [`Limits::configure`] sets on an accepted socket reads back from the kernel.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn keepalive_is_set_on_accepted_sockets_in_whole_seconds() {
+        for (idle_ms, interval_ms, want) in [
+            (7_000, 3_000, (7, 3)),
+            // Below a second, and between seconds: rounded up, never 0 (which the kernel
+            // refuses).
+            (500, 1_500, (1, 2)),
+        ] {
+            let mut c = ServerConfig::default();
+            c.limits.tcp_keepalive_idle_ms = idle_ms;
+            c.limits.tcp_keepalive_interval_ms = interval_ms;
+            let l = Limits::new(&c);
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let client = TcpStream::connect(listener.local_addr().unwrap())
+                .await
+                .unwrap();
+            let (accepted, _) = listener.accept().await.unwrap();
+            let before = SockRef::from(&accepted);
+            assert!(!before.keepalive().unwrap(), "off until configured");
+            l.configure(&accepted);
+            let s = SockRef::from(&accepted);
+            assert!(s.keepalive().unwrap(), "{idle_ms} ms");
+            assert!(s.tcp_nodelay().unwrap());
+            let got = (
+                s.tcp_keepalive_time().unwrap().as_secs(),
+                s.tcp_keepalive_interval().unwrap().as_secs(),
+            );
+            assert_eq!(got, want, "{idle_ms} ms, {interval_ms} ms");
+            drop(client);
+        }
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //!
 //! Invariants: a request pops the next reply scripted for its path and kind (list or watch);
 //! with nothing scripted a LIST answers 500 and a WATCH stays open silently, like a quiet
-//! watch. A poisoned lock is taken over (a panicking test thread must not wedge the server).
+//! watch. While [`FakeApi::fail_all`] is set, every request is answered with that status and
+//! nothing scripted is consumed (an outage). A poisoned lock is taken over (a panicking test
+//! thread must not wedge the server).
 
 pub mod objects;
 
@@ -54,6 +56,8 @@ struct Inner {
     seen: Mutex<Vec<Seen>>,
     /// Senders of unscripted watches, held so those streams stay open.
     quiet: Mutex<Vec<mpsc::UnboundedSender<Item>>>,
+    /// The status every request gets during an outage ([`FakeApi::fail_all`]).
+    failing: Mutex<Option<u16>>,
 }
 
 /// The running fake server.
@@ -118,6 +122,15 @@ async fn handle(
             .and_then(|v| v.to_str().ok())
             .map(str::to_string),
     });
+    if let Some(code) = *lock(&inner.failing) {
+        return (
+            StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
+            [("content-type", "application/json")],
+            json!({"kind": "Status", "status": "Failure", "code": code, "message": "fake outage"})
+                .to_string(),
+        )
+            .into_response();
+    }
     let reply = lock(&inner.replies)
         .get_mut(&(path.clone(), watch))
         .and_then(VecDeque::pop_front);
@@ -226,6 +239,13 @@ impl FakeApi {
         let (tx, rx) = mpsc::unbounded_channel();
         self.push(path, true, Reply::Stream(rx));
         WatchTx(tx)
+    }
+
+    /// An outage: with `Some(code)` every request from now on is answered `code` (scripted
+    /// replies wait); `None` ends it. Open watch streams are not touched: break them with
+    /// [`WatchTx::abort`].
+    pub fn fail_all(&self, code: Option<u16>) {
+        *lock(&self.inner.failing) = code;
     }
 
     /// The requests seen for `path`, LISTs (`watch = false`) or WATCHes.
