@@ -732,7 +732,11 @@ mod share_tests {
                 .count();
             let share = to_cheapest as f64 / n as f64;
             assert!(
-                if max_share == 0.0 { share == 1.0 } else { share <= bound },
+                if max_share == 0.0 {
+                    share == 1.0
+                } else {
+                    share <= bound
+                },
                 "max_share {max_share}: share {share}"
             );
         }

@@ -157,7 +157,9 @@ mod tests {
         let mut q = Vec::new();
         let mut x = 12345u64;
         for _ in 0..10_000 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let chosen = (x >> 33) as usize % if x % 3 == 0 { 1 } else { 8 };
             ledger.record(&cs, chosen, 1.3);
         }
