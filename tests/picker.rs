@@ -1637,7 +1637,7 @@ fn start_binary(toml: &str, awaited: &[&str]) -> Process {
 
 /// The binary's log lines announcing its listeners (`listen` field).
 const SERVING: &str = "kvgate serving";
-const ADMIN: &str = "admin listener serving /admin/*, /metrics, /health and /ready (plain HTTP)";
+const ADMIN: &str = "admin listener serving /admin/*, /metrics, /health and /ready";
 const PICKER: &str = "endpoint picker (ext_proc) serving";
 
 /// Picker only, from the binary: with `server.listen = ""` kvgate listens on the admin
