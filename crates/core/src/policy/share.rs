@@ -160,7 +160,7 @@ mod tests {
             x = x
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
-            let chosen = (x >> 33) as usize % if x % 3 == 0 { 1 } else { 8 };
+            let chosen = (x >> 33) as usize % if x.is_multiple_of(3) { 1 } else { 8 };
             ledger.record(&cs, chosen, 1.3);
         }
         ledger.queues(&cs, &mut q);
