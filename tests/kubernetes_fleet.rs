@@ -13,7 +13,7 @@ mod common;
 #[path = "common/pki.rs"]
 mod pki;
 
-use common::{client, eventually, eventually_async, Gateway, Mock, Mode};
+use common::{ask, client, eventually, eventually_async, Gateway, Mock, Mode};
 use kvgate::config::Config;
 use kvgate_discovery::fake_api::{pod, slice, FakeApi, NS, PODS, SLICES};
 use kvgate_discovery::SourceKind;
@@ -49,23 +49,6 @@ fn k8s_config(model: &str, api: &FakeApi, grace_ms: u64) -> Config {
     pool.discovery.service = Some("vllm".into());
     pool.discovery.drain_grace_ms = grace_ms;
     cfg
-}
-
-/// One chat request for the pool's model; its status and the instance that answered.
-async fn ask(gw: &Gateway, prompt: &str) -> (u16, String) {
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .json(&json!({"model": gw.state.fleet.pools()[0].model, "messages": [{"role": "user", "content": prompt}]}))
-        .send()
-        .await
-        .expect("request");
-    let who = r
-        .headers()
-        .get("x-kvgate-instance")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    (r.status().as_u16(), who)
 }
 
 async fn discovery_up(gw: &Gateway, pool: &str, up: u8) -> bool {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{client, eventually, eventually_async, Gateway, Mock, Mode};
+use common::{ask, client, eventually, eventually_async, Gateway, Mock, Mode};
 use kvgate::config::Config;
 use kvgate_discovery::{Endpoint, EndpointSet, SourceKind};
 use serde_json::json;
@@ -48,23 +48,6 @@ fn serving(gw: &Gateway) -> Vec<String> {
     let mut v: Vec<String> = view.serving().map(|i| i.name.clone()).collect();
     v.sort();
     v
-}
-
-/// One chat request; its status and the instance that answered.
-async fn ask(gw: &Gateway, prompt: &str) -> (u16, String) {
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .json(&json!({"model": gw.state.fleet.pools()[0].model, "messages": [{"role": "user", "content": prompt}]}))
-        .send()
-        .await
-        .expect("request");
-    let who = r
-        .headers()
-        .get("x-kvgate-instance")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    (r.status().as_u16(), who)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

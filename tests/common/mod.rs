@@ -455,6 +455,24 @@ pub fn fresh_dir(tag: &str) -> std::path::PathBuf {
     d
 }
 
+/// One chat request for the first pool's model through `gw`; its status and the instance that
+/// answered (`x-kvgate-instance`, empty when none did).
+pub async fn ask(gw: &Gateway, prompt: &str) -> (u16, String) {
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .json(&serde_json::json!({"model": gw.state.fleet.pools()[0].model, "messages": [{"role": "user", "content": prompt}]}))
+        .send()
+        .await
+        .expect("request");
+    let who = r
+        .headers()
+        .get("x-kvgate-instance")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    (r.status().as_u16(), who)
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(15))
