@@ -13,6 +13,8 @@
 //!   is bounded.
 //! - Errors carry the byte offset where reading stopped.
 
+mod special;
+
 use std::borrow::Cow;
 
 /// Deepest nesting of arrays and objects accepted (serde_json's limit).
@@ -20,22 +22,6 @@ pub const MAX_DEPTH: u32 = 128;
 
 /// Eight-byte words of a string scanned before switching to a vector search.
 const SHORT_WORDS: usize = 4;
-
-/// The index of the first byte of `word` (little-endian) that is `"`, `\\` or below 0x20.
-///
-/// Each test is the classic "has a zero byte" trick, whose borrows can only mark bytes above a
-/// true match; the lowest marked byte over all three tests is therefore exact.
-#[inline]
-fn first_special(word: u64) -> Option<usize> {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    let zero_in = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
-    let quote = zero_in(word ^ (ONES * u64::from(b'"')));
-    let backslash = zero_in(word ^ (ONES * u64::from(b'\\')));
-    let control = word.wrapping_sub(ONES * 0x20) & !word & HIGH;
-    let found = quote | backslash | control;
-    (found != 0).then(|| found.trailing_zeros() as usize / 8)
-}
 
 /// Malformed JSON, with the byte offset where it was found.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -279,7 +265,7 @@ impl<'a> Reader<'a> {
         for w in words.by_ref() {
             let mut word = [0u8; 8];
             word.copy_from_slice(w);
-            if let Some(i) = first_special(u64::from_le_bytes(word)) {
+            if let Some(i) = special::in_word(u64::from_le_bytes(word)) {
                 return self.plain_end(at + i);
             }
             at += 8;
@@ -296,23 +282,13 @@ impl<'a> Reader<'a> {
                 at: self.src.len(),
             });
         }
-        let long = &rest[at..];
-        let Some(i) = memchr::memchr2(b'"', b'\\', long) else {
-            return Err(SyntaxError {
+        match special::find(&rest[at..]) {
+            Some(i) => self.plain_end(at + i),
+            None => Err(SyntaxError {
                 what: "unterminated string",
                 at: self.src.len(),
-            });
-        };
-        let plain = &long[..i];
-        // A fold without early exit vectorizes; the rare failure then finds the offset.
-        if plain.iter().fold(false, |seen, &b| seen | (b < 0x20)) {
-            let j = plain.iter().position(|&b| b < 0x20).unwrap_or(0);
-            return Err(SyntaxError {
-                what: "control character in string",
-                at: self.pos + at + j,
-            });
+            }),
         }
-        Ok(self.pos + at + i)
     }
 
     /// The string's plain run ends `i` bytes past the reader, at a quote, a backslash or a
@@ -410,7 +386,7 @@ impl<'a> Reader<'a> {
         let start = self.pos;
         // Most keys and short values close within their first eight bytes.
         if let Some(&word) = self.bytes()[start..].first_chunk::<8>() {
-            if let Some(i) = first_special(u64::from_le_bytes(word)) {
+            if let Some(i) = special::in_word(u64::from_le_bytes(word)) {
                 if word[i] == b'"' {
                     self.pos = start + i + 1;
                     return Ok(Cow::Borrowed(self.slice(start, start + i)?));
@@ -649,7 +625,7 @@ mod tests {
         let specials = [b'"', b'\\', 0x00, 0x1f, b'\n'];
         let plain = [b'a', b' ', 0x21, 0x5b, 0x5d, 0x7f, 0x80, 0xa2, 0xdc, 0xff];
         for &fill in &plain {
-            assert_eq!(first_special(u64::from_le_bytes([fill; 8])), None);
+            assert_eq!(special::in_word(u64::from_le_bytes([fill; 8])), None);
             for at in 0..8 {
                 for &sp in &specials {
                     let mut word = [fill; 8];
@@ -659,7 +635,7 @@ mod tests {
                         word[above] = specials[above % specials.len()];
                     }
                     assert_eq!(
-                        first_special(u64::from_le_bytes(word)),
+                        special::in_word(u64::from_le_bytes(word)),
                         Some(at),
                         "{word:?}"
                     );

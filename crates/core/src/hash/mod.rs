@@ -12,18 +12,18 @@
 //! - Inputs longer than 240 bytes (text blocks from 233 bytes, token blocks from 59 ids) are hashed
 //!   with the secret XXH3 derives from [`HASH_SEED`], computed once at compile time rather than on
 //!   every call: for those lengths `xxh3_64_with_secret(x, derived)` is `xxh3_64_with_seed(x, seed)`
-//!   by XXH3's definition, and tests check it bit-for-bit.
+//!   by XXH3's definition, and tests check it bit-for-bit. Text blocks of that size are hashed
+//!   where they lie, vectorized with AVX2 when the CPU has it (`long.rs`).
 //! - Outputs are pinned by golden tests: changing them is a wire-format break (gossip, events).
 
+mod long;
+
 use crate::BlockHash;
-use xxhash_rust::const_xxh3::const_custom_default_secret;
+use long::LONG_SECRET;
 use xxhash_rust::xxh3::{xxh3_64_with_secret, xxh3_64_with_seed};
 
 /// Fixed seed for every block hash kvgate emits. Part of the wire format.
 pub const HASH_SEED: u64 = 0x6b76_6761_7465_0001;
-
-/// XXH3's secret for [`HASH_SEED`], as `xxh3_64_with_seed` derives it for inputs over 240 bytes.
-const LONG_SECRET: [u8; 192] = const_custom_default_secret(HASH_SEED);
 
 /// Inputs longer than this take XXH3's long path (where the seed only derives the secret).
 const XXH3_MID_MAX: usize = 240;
@@ -109,6 +109,10 @@ pub fn hash_text_blocks(
             parent = xxh3_72(&w);
             out.push(parent);
         }
+        return;
+    }
+    if long::is_long(block_bytes) {
+        long::chain_blocks(root, text, block_bytes, out, &mut Vec::new());
         return;
     }
     // One scratch buffer per call: parent (8 bytes) followed by the block's bytes.
@@ -289,6 +293,9 @@ impl TextChain {
         let bb = self.block_bytes;
         if bb == 64 {
             hash_text_blocks(self.parent, bytes, 64, &mut self.hashes);
+        } else if long::is_long(bb) {
+            self.parent =
+                long::chain_blocks(self.parent, bytes, bb, &mut self.hashes, &mut self.scratch);
         } else {
             if self.scratch.is_empty() {
                 self.scratch.resize(8 + bb, 0);
