@@ -123,6 +123,7 @@ fn scoring(c: &mut Criterion) {
                         gpu: (i * 37) % 512,
                         cpu: i % 4,
                         disk: 0,
+                        fresh: 0,
                     },
                 )
             })

@@ -11,7 +11,9 @@
 //! - Every dispatch returns a [`LoadGuard`]: router-tracked load is released exactly once, when
 //!   the caller drops it.
 //! - A decision is recorded in the index (as a prediction) and shared with peers only when
-//!   [`RouterConfig::predict`] is on, and never for a prompt without a full block.
+//!   [`RouterConfig::predict`] is on, and never for a prompt without a full block. Its leading
+//!   blocks that the chosen instance already holds fresh (referenced, and engine-reported or
+//!   predicted here within the last eighth of the TTL) are not written again.
 
 use std::sync::Arc;
 
@@ -150,6 +152,16 @@ impl Router {
         }
     }
 
+    /// Entries expiring at or after this need no refresh by a decision at `now`: they were
+    /// predicted within the last eighth of the TTL (never, when decisions are not predicted).
+    fn fresh_from(&self, now: Millis) -> Millis {
+        if !self.cfg.predict {
+            return Millis::MAX;
+        }
+        let ttl = self.cfg.predicted_ttl_ms;
+        now.saturating_add(ttl - ttl / 8)
+    }
+
     /// The configuration.
     pub fn config(&self) -> &RouterConfig {
         &self.cfg
@@ -210,8 +222,12 @@ impl Router {
             if let Some(p) = peers {
                 p.materialize(req.hashes, now);
             }
-            self.index
-                .match_prefix(req.hashes, now, &mut scratch.matches);
+            self.index.match_prefix_fresh(
+                req.hashes,
+                now,
+                self.fresh_from(now),
+                &mut scratch.matches,
+            );
         } else {
             scratch.matches.rows.clear();
         }
@@ -233,15 +249,22 @@ impl Router {
         }
         let decision = policy.decide(req, &scratch.candidates)?;
         policy.on_routed(req, decision.chosen);
-        let known = scratch.matches.get(decision.chosen).total();
+        let chosen = scratch.matches.get(decision.chosen);
+        let known = chosen.total();
         if self.cfg.predict && !req.hashes.is_empty() {
-            self.index.predict(
-                decision.chosen,
-                req.hashes,
-                Source::Local,
-                self.cfg.predicted_ttl_ms,
-                now,
-            );
+            // The leading blocks the chosen instance holds fresh are not predicted again: that
+            // would only set CLOCK bits already set and push expiries by under an eighth of the
+            // TTL, under a write lock per shard.
+            let fresh = (chosen.fresh as usize).min(req.hashes.len());
+            if fresh < req.hashes.len() {
+                self.index.predict(
+                    decision.chosen,
+                    &req.hashes[fresh..],
+                    Source::Local,
+                    self.cfg.predicted_ttl_ms,
+                    now,
+                );
+            }
             if let Some(p) = peers {
                 p.record(decision.chosen, req.hashes, known as usize, now);
             }
@@ -516,6 +539,43 @@ mod tests {
         r.index().store(chosen, &longer, crate::Tier::Gpu, 1_000);
         r.retract(chosen, second.known_blocks, &longer, None, 1_000);
         assert_eq!(held(&r, &longer, chosen), 10);
+    }
+
+    #[test]
+    fn a_placement_is_predicted_again_only_once_an_eighth_of_its_ttl_has_passed() {
+        // TTL 60 s: routed again 5 s later the blocks are fresh and keep their first expiry
+        // (61 s); 8 s later they are predicted again and expire at 69 s.
+        for (again_at, held_at_65s) in [(6_000, 0), (9_000, 10)] {
+            let r = router(3);
+            let mut scratch = Scratch::default();
+            let policy = build_policy(&PolicyConfig::default());
+            let hashes: Vec<u64> = (0..10).collect();
+            let first = r
+                .route(
+                    &*policy,
+                    &request(&hashes, 1),
+                    offers(3),
+                    None,
+                    &mut scratch,
+                )
+                .expect("routed");
+            let chosen = first.decision.chosen;
+            drop(first);
+            let mut again = request(&hashes, 2);
+            again.now = again_at;
+            let second = r
+                .route(&*policy, &again, offers(3), None, &mut scratch)
+                .expect("routed");
+            assert_eq!(second.decision.chosen, chosen);
+            assert_eq!(second.known_blocks, 10);
+            let mut m = PrefixMatches::default();
+            r.index().match_prefix(&hashes, 65_000, &mut m);
+            assert_eq!(
+                m.get(chosen).total(),
+                held_at_65s,
+                "routed again at {again_at}"
+            );
+        }
     }
 
     #[test]

@@ -19,6 +19,7 @@ fn cand(id: u32, gpu: u32, pending: u64, in_flight: u32) -> Candidate {
             gpu,
             cpu: 0,
             disk: 0,
+            fresh: 0,
         },
         load: RouterLoad {
             in_flight,

@@ -54,6 +54,16 @@ impl Entry {
     pub fn live(&self, now: Millis) -> bool {
         self.source == Source::Event || self.expires > now
     }
+    /// True when predicting it again locally, to expire no later than `fresh_from` + what was
+    /// refreshed since, would change nothing but that margin: the CLOCK bit is already set and
+    /// the entry is engine-reported (never expires) or a local prediction expiring at or after
+    /// `fresh_from`. Nothing is fresh at `Millis::MAX`.
+    pub fn fresh(&self, fresh_from: Millis) -> bool {
+        fresh_from != Millis::MAX
+            && self.referenced
+            && (self.source == Source::Event
+                || (self.source == Source::Local && self.expires >= fresh_from))
+    }
     /// Copies held in `tier`.
     pub fn copies_in(&self, tier: Tier) -> u16 {
         (self.copies >> (COPY_BITS * tier as u16)) & COPY_MAX

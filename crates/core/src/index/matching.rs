@@ -8,6 +8,8 @@
 //!   read lock is taken once per batch and independent lookups under it overlap their cache
 //!   misses. A batch may look past the point where every run has ended; the doubling keeps that
 //!   waste below the work already done.
+//! - A row's fresh run ([`InstanceMatch::fresh`]) is a prefix of its run: it ends at the first
+//!   block whose entry is not fresh, even if later ones are.
 
 use super::holders::{Entry, Holders};
 use super::{InstanceMatch, PlacementIndex, PrefixMatches};
@@ -20,12 +22,14 @@ const LOOKAHEAD: usize = 16;
 /// Shard counts up to this are grouped by a counting sort.
 const COUNTING_SHARDS: usize = 256;
 
-/// Per-block result of a batch: bit `r` set when row `r` holds the block live (and in CPU / disk).
+/// Per-block result of a batch: bit `r` set when row `r` holds the block live (and in CPU /
+/// disk, and fresh).
 #[derive(Clone, Copy, Default)]
 struct Masks {
     held: u64,
     cpu: u64,
     disk: u64,
+    fresh: u64,
 }
 
 impl PlacementIndex {
@@ -35,6 +39,18 @@ impl PlacementIndex {
     /// Walks blocks from 0 with the set of instances still matching and stops as soon as that
     /// set is empty.
     pub fn match_prefix(&self, hashes: &[BlockHash], now: Millis, out: &mut PrefixMatches) {
+        self.match_prefix_fresh(hashes, now, Millis::MAX, out);
+    }
+
+    /// [`PlacementIndex::match_prefix`], also counting each row's leading blocks that are fresh
+    /// at `fresh_from` ([`InstanceMatch::fresh`]), so that a decision need not predict them again.
+    pub fn match_prefix_fresh(
+        &self,
+        hashes: &[BlockHash],
+        now: Millis,
+        fresh_from: Millis,
+        out: &mut PrefixMatches,
+    ) {
         out.rows.clear();
         let Some((&first, rest)) = hashes.split_first() else {
             return;
@@ -51,18 +67,25 @@ impl PlacementIndex {
                     ..Default::default()
                 };
                 count_tier(&mut row, e.best_tier());
+                row.fresh = u32::from(e.fresh(fresh_from));
                 out.rows.push(row);
             }
         }
         if out.rows.len() <= 64 {
-            self.match_batched(rest, now, &mut out.rows);
+            self.match_batched(rest, now, fresh_from, &mut out.rows);
         } else {
-            self.match_linear(rest, now, &mut out.rows);
+            self.match_linear(rest, now, fresh_from, &mut out.rows);
         }
     }
 
     /// Up to 64 rows: batched lookups with per-block bit masks over the rows.
-    fn match_batched(&self, rest: &[BlockHash], now: Millis, rows: &mut [InstanceMatch]) {
+    fn match_batched(
+        &self,
+        rest: &[BlockHash],
+        now: Millis,
+        fresh_from: Millis,
+        rows: &mut [InstanceMatch],
+    ) {
         let mut alive: u64 = if rows.len() == 64 {
             u64::MAX
         } else {
@@ -101,15 +124,17 @@ impl PlacementIndex {
                             prefetch((&**v as *const Vec<Entry>).cast());
                         }
                     }
+                    // Only the group's own slots: most groups hold one or two blocks.
+                    let hit = &hit[..group.len()];
                     let mut found: [&[Entry]; LOOKAHEAD] = [&[]; LOOKAHEAD];
-                    for (f, h) in found.iter_mut().zip(&hit) {
+                    for (f, h) in found.iter_mut().zip(hit) {
                         if let Some(h) = h {
                             *f = h.as_slice();
                             prefetch(f.as_ptr());
                         }
                     }
                     for (f, &i) in found.iter().zip(group) {
-                        masks[i as usize] = row_masks(rows, f, now);
+                        masks[i as usize] = row_masks(rows, f, now, fresh_from);
                     }
                 }
                 drop(shard);
@@ -128,6 +153,7 @@ impl PlacementIndex {
                     } else {
                         Tier::Gpu
                     };
+                    count_fresh(&mut rows[r as usize], m.fresh & bit != 0);
                     count_tier(&mut rows[r as usize], tier);
                     bits &= bits - 1;
                 }
@@ -169,7 +195,13 @@ impl PlacementIndex {
     }
 
     /// Any number of rows: one lookup per block, compacting the still-matching rows to the front.
-    fn match_linear(&self, rest: &[BlockHash], now: Millis, rows: &mut [InstanceMatch]) {
+    fn match_linear(
+        &self,
+        rest: &[BlockHash],
+        now: Millis,
+        fresh_from: Millis,
+        rows: &mut [InstanceMatch],
+    ) {
         let mut active = rows.len();
         for &h in rest {
             if active == 0 {
@@ -187,6 +219,7 @@ impl PlacementIndex {
                     j += 1;
                 }
                 if j < holders.len() && holders[j].instance == inst && holders[j].live(now) {
+                    count_fresh(&mut rows[r], holders[j].fresh(fresh_from));
                     count_tier(&mut rows[r], holders[j].best_tier());
                     // Kept rows stay in instance order: the merge above relies on it.
                     rows.swap(w, r);
@@ -199,7 +232,7 @@ impl PlacementIndex {
 }
 
 /// Merges sorted `rows` (≤ 64) with sorted `holders` into bit masks.
-fn row_masks(rows: &[InstanceMatch], holders: &[Entry], now: Millis) -> Masks {
+fn row_masks(rows: &[InstanceMatch], holders: &[Entry], now: Millis, fresh_from: Millis) -> Masks {
     let mut m = Masks::default();
     let mut j = 0;
     for (r, row) in rows.iter().enumerate() {
@@ -210,6 +243,9 @@ fn row_masks(rows: &[InstanceMatch], holders: &[Entry], now: Millis) -> Masks {
         if j < holders.len() && holders[j].instance == inst && holders[j].live(now) {
             let bit = 1u64 << r;
             m.held |= bit;
+            if holders[j].fresh(fresh_from) {
+                m.fresh |= bit;
+            }
             match holders[j].best_tier() {
                 Tier::Gpu => {}
                 Tier::Cpu => m.cpu |= bit,
@@ -230,6 +266,14 @@ fn prefetch(p: *const Entry) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
+}
+
+/// Extends the row's fresh run by a block it holds, called before the block is counted: the run
+/// goes on only while it is as long as the row's whole run (no stale block came before).
+fn count_fresh(row: &mut InstanceMatch, fresh: bool) {
+    if fresh && row.fresh == row.total() {
+        row.fresh += 1;
+    }
 }
 
 fn count_tier(row: &mut InstanceMatch, tier: Tier) {
@@ -268,6 +312,51 @@ mod tests {
         out.rows
     }
 
+    /// Each instance's (run, fresh run) at `fresh_from` 50, now 10; with `crowd` more instances
+    /// holding block 0, so that more than 64 rows take the linear path.
+    fn fresh_runs(crowd: u32) -> Vec<(u32, u32, u32)> {
+        let ix = PlacementIndex::new(IndexConfig {
+            shards: 16,
+            max_entries: 1 << 20,
+            default_instance_capacity: 1 << 20,
+        });
+        let chain: Vec<BlockHash> = (0..3000u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        // Instance 1: fresh up to block 1000, then predictions that expire before 50.
+        ix.predict(InstanceId(1), &chain[..1000], Source::Local, 100, 0);
+        ix.predict(InstanceId(1), &chain[1000..2500], Source::Local, 30, 0);
+        ix.predict(InstanceId(1), &chain[2000..2100], Source::Local, 100, 0);
+        // Instance 2: engine-reported blocks, then fresh local predictions.
+        ix.predict(InstanceId(2), &chain, Source::Local, 100, 0);
+        ix.store(InstanceId(2), &chain[..700], Tier::Cpu, 0);
+        // Instance 3: a peer's predictions are never fresh (a local one would take them over).
+        ix.predict(InstanceId(3), &chain, Source::Peer, 100, 0);
+        for i in 0..crowd {
+            ix.predict(InstanceId(10 + i), &chain[..1], Source::Local, 100, 0);
+        }
+        let mut out = PrefixMatches::default();
+        ix.match_prefix_fresh(&chain, 10, 50, &mut out);
+        let mut rows: Vec<_> = out
+            .rows
+            .iter()
+            .filter(|r| r.instance.0 < 10)
+            .map(|r| (r.instance.0, r.total(), r.fresh))
+            .collect();
+        rows.sort_unstable();
+        // Without a threshold nothing is fresh.
+        ix.match_prefix(&chain, 10, &mut out);
+        assert!(out.rows.iter().all(|r| r.fresh == 0));
+        rows
+    }
+
+    #[test]
+    fn a_fresh_run_is_the_leading_blocks_a_local_prediction_would_not_change() {
+        let expect = vec![(1, 2500, 1000), (2, 3000, 3000), (3, 3000, 0)];
+        assert_eq!(fresh_runs(0), expect, "batched path");
+        assert_eq!(fresh_runs(70), expect, "linear path");
+    }
+
     #[test]
     fn every_grouping_path_gives_the_same_runs() {
         let expect = vec![
@@ -276,18 +365,21 @@ mod tests {
                 gpu: 2500,
                 cpu: 0,
                 disk: 0,
+                fresh: 0,
             },
             InstanceMatch {
                 instance: InstanceId(2),
                 gpu: 2300,
                 cpu: 700,
                 disk: 0,
+                fresh: 0,
             },
             InstanceMatch {
                 instance: InstanceId(3),
                 gpu: 40,
                 cpu: 0,
                 disk: 0,
+                fresh: 0,
             },
         ];
         for shards in [1, 4, 64, 256, 1024] {

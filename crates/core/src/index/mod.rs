@@ -79,6 +79,10 @@ pub struct InstanceMatch {
     pub cpu: u32,
     /// Leading blocks held only on disk / remote offload.
     pub disk: u32,
+    /// Leading blocks that a local prediction for this instance would not change: their entry
+    /// is referenced (CLOCK bit set) and engine-reported, or a local prediction expiring at or
+    /// after the threshold given to [`PlacementIndex::match_prefix_fresh`] (0 otherwise).
+    pub fresh: u32,
 }
 
 impl InstanceMatch {

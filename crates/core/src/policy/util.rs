@@ -122,6 +122,7 @@ pub(crate) mod testing {
                 gpu: gpu_blocks,
                 cpu: 0,
                 disk: 0,
+                fresh: 0,
             },
             load: RouterLoad {
                 in_flight,
