@@ -30,6 +30,7 @@
 #                           [--modes "token text"] [--entries "1000000 10000000"]
 #                           [--threads "1 2"] [--bin DIR] [--out DIR]
 # --quick: one gateway (token mode, 100k entries, 2 threads), one cell (100K multi-turn), 3 s.
+# --entries 0: the index as configured by default and not filled first (a new gateway).
 # --bin DIR: a directory with already built kvgate and kvgate-loadtest release binaries.
 # Writes DIR (default loadtest/results/sizing): summary.md, cells.md, cells.csv, cells.json,
 # cells.jsonl and each gateway's log; prints the summary. The default run takes ~15 minutes.
@@ -142,9 +143,11 @@ for mode in $MODES; do
                 echo "[routing]"
                 echo "hash_mode = \"$mode\""
                 echo "predicted_ttl_ms = 3600000"
-                echo "[routing.index]"
-                echo "max_entries = $entries"
-                echo "default_instance_capacity = $entries"
+                if [ "$entries" -gt 0 ]; then
+                    echo "[routing.index]"
+                    echo "max_entries = $entries"
+                    echo "default_instance_capacity = $entries"
+                fi
                 echo "[[pools]]"
                 echo "model = \"m\""
                 for p in "${B[@]}"; do echo "[[pools.instances]]"; echo "url = \"http://127.0.0.1:$p\""; done
