@@ -22,7 +22,11 @@
 #
 # Usage: loadtest/callgrind.sh [--requests 2000] [--warm 200] [--policies "round_robin kvgate"]
 #                              [--bodies "small large"] [--hash-mode text|token] [--bin PATH]
-#                              [--out DIR]
+#                              [--unique] [--token-cache] [--out DIR]
+# --unique: each request's prompt starts with its own number, so no two share a first block
+# (unrelated prompts: nothing matches in the index, every block is new to it, no cache hits).
+# --token-cache: token mode keeps the tokenizer's prefix cache at its default size (with
+# --unique every request then pays its insertion), instead of turning it off.
 # Bodies: small (a short chat request), large (~32 KiB of text, ~8K cl100k tokens), xlarge
 # (~400 KiB, ~100K tokens, every sentence distinct). --hash-mode token hashes with the built-in
 # tokenizer (its prefix cache off, so every request is an unrelated prompt's cost); token-mode
@@ -41,6 +45,8 @@ BODIES="small large"
 HASH_MODE=text
 BIN="${KVGATE_BIN:-}"
 OUT=""
+UNIQUE=false
+TOKEN_CACHE=false
 while [ $# -gt 0 ]; do
     case "$1" in
         --requests) N="$2"; shift 2 ;;
@@ -50,6 +56,8 @@ while [ $# -gt 0 ]; do
         --hash-mode) HASH_MODE="$2"; shift 2 ;;
         --bin) BIN="$2"; shift 2 ;;
         --out) OUT="$2"; shift 2 ;;
+        --unique) UNIQUE=true; shift ;;
+        --token-cache) TOKEN_CACHE=true; shift ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -107,15 +115,17 @@ PIDS+=($!)
 wait_ready "http://127.0.0.1:${B[0]}/" 20
 
 # Request bodies: the small chat request and the ~32 KiB one of overhead.sh.
-python3 - "$WORK" <<'PY'
+# With --unique each prompt's first message starts with a placeholder the client numbers.
+python3 - "$WORK" "$UNIQUE" <<'PY'
 import json, sys
-work = sys.argv[1]
-small = {"model": "m", "messages": [{"role": "system", "content": "You are a helpful assistant."},
+work, unique = sys.argv[1], sys.argv[2] == "true"
+head = "@@ID@@ " if unique else ""
+small = {"model": "m", "messages": [{"role": "system", "content": head + "You are a helpful assistant."},
                                     {"role": "user", "content": "Say hello."}], "max_tokens": 16}
-big_text = ("The quick brown fox jumps over the lazy dog. " * 800)[:32 * 1024 - 200]
+big_text = head + ("The quick brown fox jumps over the lazy dog. " * 800)[:32 * 1024 - 200]
 large = {"model": "m", "messages": [{"role": "user", "content": big_text}], "max_tokens": 16}
-huge_text = " ".join(f"Sentence {i} of the long prompt says something new about item {i * 7919 % 100003}."
-                     for i in range(5600))
+huge_text = head + " ".join(f"Sentence {i} of the long prompt says something new about item {i * 7919 % 100003}."
+                            for i in range(5600))
 xlarge = {"model": "m", "messages": [{"role": "user", "content": huge_text}], "max_tokens": 16}
 for name, body in (("small", small), ("large", large), ("xlarge", xlarge)):
     with open(f"{work}/{name}.json", "w") as f:
@@ -130,10 +140,15 @@ port, body_file, warm, n, pid, label = sys.argv[1:7]
 body = open(body_file, "rb").read()
 headers = {"Content-Type": "application/json"}
 conn = http.client.HTTPConnection("127.0.0.1", int(port), timeout=120)
+sent = 0
 
 def run(count):
+    global sent
     for _ in range(count):
-        conn.request("POST", "/v1/chat/completions", body=body, headers=headers)
+        # Same length every time; unique when the body holds the placeholder (--unique).
+        sent += 1
+        one = body.replace(b"@@ID@@", b"%06d" % sent)
+        conn.request("POST", "/v1/chat/completions", body=one, headers=headers)
         r = conn.getresponse()
         r.read()
         if r.status != 200:
@@ -203,7 +218,7 @@ for policy in $POLICIES; do
         echo "enabled = false"
         echo "[routing]"
         echo "hash_mode = \"$HASH_MODE\""
-        [ "$HASH_MODE" = token ] && echo "tokenizer_cache_bytes = 0"
+        [ "$HASH_MODE" = token ] && ! $TOKEN_CACHE && echo "tokenizer_cache_bytes = 0"
         echo "[routing.policy]"
         echo "name = \"$policy\""
         echo "[[pools]]"
