@@ -621,7 +621,35 @@ pub fn record_rejected(route: &'static str, code: &'static str, class: &'static 
 
 /// A request of `tenant` answered (refused or not).
 pub fn record_tenant_request(tenant: &str) {
-    counter!(TENANT_REQUESTS, "tenant" => tenant.to_string()).increment(1);
+    // Handles taken before the recorder exists would stay no-ops forever: cache only after.
+    if !HANDLE.get().is_some_and(|h| h.is_ok()) {
+        counter!(TENANT_REQUESTS, "tenant" => tenant.to_string()).increment(1);
+        return;
+    }
+    TENANT_REQUEST_CACHE.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if let Some((_, c)) = cache.iter().find(|(t, _)| &**t == tenant) {
+            c.increment(1);
+            return;
+        }
+        if cache.len() >= TENANT_CACHE_CAP {
+            cache.clear();
+        }
+        let c = counter!(TENANT_REQUESTS, "tenant" => tenant.to_string());
+        c.increment(1);
+        cache.push((tenant.into(), c));
+    });
+}
+
+/// Bound on the per-thread cache of per-tenant request counters: past it the cache starts over,
+/// so a fleet of many tenants costs a registry lookup per request, as without the cache.
+const TENANT_CACHE_CAP: usize = 64;
+
+thread_local! {
+    /// Per-thread request counters by tenant for [`record_tenant_request`]: no label allocation,
+    /// key hashing and registry lock per request.
+    static TENANT_REQUEST_CACHE: std::cell::RefCell<Vec<(Box<str>, Counter)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A request of `tenant` refused for `reason`.

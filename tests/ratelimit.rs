@@ -123,10 +123,16 @@ async fn request_limit_answers_429_with_openai_headers_on_both_paths() {
         ]),
         "{m}"
     );
-    assert!(has(&[
-        "kvgate_tenant_requests_total",
-        "tenant=\"req-hyper\""
-    ]));
+    // Every answer counts, refusals included: 3 requests per tenant, whichever serving thread
+    // (and its cached counter handle) took each.
+    for tenant in ["req-h1", "req-hyper"] {
+        let label = format!("tenant=\"{tenant}\"");
+        let line = m
+            .lines()
+            .find(|l| l.starts_with("kvgate_tenant_requests_total") && l.contains(&label))
+            .unwrap_or_else(|| panic!("no request count for {tenant}: {m}"));
+        assert!(line.ends_with(" 3"), "{line}");
+    }
     // Refused requests never reached the instance; an unlimited tenant is not held back.
     assert_eq!(a.count(), 4);
     for _ in 0..5 {
