@@ -50,6 +50,12 @@ pub struct EngineCounters {
     pub running: f64,
     /// Requests waiting now.
     pub waiting: f64,
+    /// Simulated engines only (`kvgate_sim_*`, 0 elsewhere): steps run.
+    pub sim_steps: f64,
+    /// ... the sum of how late each step's wake-up was, model seconds.
+    pub sim_step_late_s: f64,
+    /// ... model time skipped after falling too far behind scaled wall time, seconds.
+    pub sim_clock_skipped_s: f64,
 }
 
 /// Sum of every sample of metric `name` (all label sets) in a Prometheus text page.
@@ -87,6 +93,7 @@ pub fn parse_counters(page: &str) -> Option<EngineCounters> {
             requests: g("vllm:request_success_total").unwrap_or(0.0),
             running: g("vllm:num_requests_running").unwrap_or(0.0),
             waiting: g("vllm:num_requests_waiting").unwrap_or(0.0),
+            ..sim_clock(page)
         });
     }
     if let (Some(q), Some(h)) = (
@@ -99,9 +106,21 @@ pub fn parse_counters(page: &str) -> Option<EngineCounters> {
             requests: g("sglang:num_requests_total").unwrap_or(0.0),
             running: g("sglang:num_running_reqs").unwrap_or(0.0),
             waiting: g("sglang:num_queue_reqs").unwrap_or(0.0),
+            ..sim_clock(page)
         });
     }
     None
+}
+
+/// The simulator's clock counters (zero on a real engine's page).
+fn sim_clock(page: &str) -> EngineCounters {
+    let g = |n| sum_metric(page, n).unwrap_or(0.0);
+    EngineCounters {
+        sim_steps: g("kvgate_sim_steps_total"),
+        sim_step_late_s: g("kvgate_sim_step_late_seconds_total"),
+        sim_clock_skipped_s: g("kvgate_sim_clock_skipped_seconds_total"),
+        ..EngineCounters::default()
+    }
 }
 
 /// Scrapes `{base}/metrics`.
@@ -163,6 +182,15 @@ pub struct FleetDelta {
     pub requests_per_engine: Vec<f64>,
     /// Hit ratio per engine.
     pub hit_ratio_per_engine: Vec<f64>,
+    /// Simulated engines: steps run, fleet-wide.
+    pub sim_steps: f64,
+    /// Simulated engines: mean lateness of a step's wake-up, model seconds (how far the
+    /// engines trail scaled wall time; their clients see results that much later).
+    pub sim_step_late_mean_s: f64,
+    /// Simulated engines: model time skipped by engines that fell more than their lag bound
+    /// behind, seconds, summed over engines (each skipped second is a second the engine did no
+    /// work: the fleet was short of CPU and ran slower than its model).
+    pub sim_clock_skipped_s: f64,
 }
 
 /// Differences two snapshots of the same fleet.
@@ -175,8 +203,12 @@ pub fn delta(before: &FleetSnapshot, after: &FleetSnapshot) -> FleetDelta {
         d.prefix_hits += h;
         d.requests_per_engine.push(a.requests - b.requests);
         d.hit_ratio_per_engine.push(ratio(h, q));
+        d.sim_steps += a.sim_steps - b.sim_steps;
+        d.sim_step_late_mean_s += a.sim_step_late_s - b.sim_step_late_s;
+        d.sim_clock_skipped_s += a.sim_clock_skipped_s - b.sim_clock_skipped_s;
     }
     d.hit_ratio = ratio(d.prefix_hits, d.prefix_queries);
+    d.sim_step_late_mean_s = ratio(d.sim_step_late_mean_s, d.sim_steps);
     d
 }
 
@@ -275,7 +307,10 @@ mod tests {
         vllm:request_success_total{finished_reason=\"stop\"} 1\n\
         vllm:num_requests_running 2\n\
         vllm:num_requests_waiting{model_name=\"m\"} 1e0\n\
-        vllm:num_requests_running_other 99\n";
+        vllm:num_requests_running_other 99\n\
+        kvgate_sim_steps_total{engine=\"0\"} 40\n\
+        kvgate_sim_step_late_seconds_total{engine=\"0\"} 0.8\n\
+        kvgate_sim_clock_skipped_seconds_total{engine=\"0\"} 0\n";
 
     #[test]
     fn parses_vllm_counters() {
@@ -285,6 +320,8 @@ mod tests {
         assert_eq!(c.requests, 5.0);
         assert_eq!(c.running, 2.0);
         assert_eq!(c.waiting, 1.0);
+        assert_eq!((c.sim_steps, c.sim_step_late_s), (40.0, 0.8));
+        assert_eq!(c.sim_clock_skipped_s, 0.0);
         assert!(parse_counters("foo 1\n").is_none());
         let sg = "sglang:cached_tokens_total{a=\"b\"} 5\nsglang:prompt_tokens_total 20\n";
         assert_eq!(parse_counters(sg).unwrap().prefix_hits, 5.0);
@@ -298,6 +335,10 @@ mod tests {
             requests: r,
             running: r,
             waiting: 0.0,
+            // A step per request so far, each woken 2 ms late; 0.5 s skipped per request.
+            sim_steps: r,
+            sim_step_late_s: r * 0.002,
+            sim_clock_skipped_s: r * 0.5,
         };
         let a = FleetSnapshot {
             at_s: 0.0,
@@ -310,6 +351,9 @@ mod tests {
         let d = delta(&a, &b);
         assert!((d.hit_ratio - 0.25).abs() < 1e-12);
         assert_eq!(d.requests_per_engine, vec![3.0, 2.0]);
+        assert_eq!(d.sim_steps, 5.0);
+        assert!((d.sim_step_late_mean_s - 0.002).abs() < 1e-12);
+        assert!((d.sim_clock_skipped_s - 2.5).abs() < 1e-12);
         let s = series(&[a, b]);
         assert_eq!(s.len(), 1);
         assert_eq!(s[0].hit_ratio, Some(0.25));

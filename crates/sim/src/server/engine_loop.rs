@@ -15,7 +15,8 @@
 //! (counters + `Notify`, no queue, so nothing grows with a slow client); a request whose handler
 //! is gone (client disconnected) is aborted at the next step, freeing its blocks; virtual time is
 //! `wall elapsed × time_scale` while idle, and advances by exactly each step's duration while busy
-//! (sleeps that overshoot are paid back, up to one virtual second of lag).
+//! (sleeps that overshoot are paid back, up to one virtual second of lag; how late each wake-up
+//! was and what was skipped beyond that bound are counted in the metrics snapshot).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
@@ -163,7 +164,9 @@ pub async fn run(
         // ended (or now, after an idle period), and the task sleeps until the wall clock reaches
         // that end. Timer overshoot (1 ms tokio ticks are large against a 1 ms scaled step) is
         // thus paid back by shorter sleeps instead of slowing the engine down.
-        let t0 = vclock.max(vnow().saturating_sub(MAX_LAG_US));
+        let floor = vnow().saturating_sub(MAX_LAG_US);
+        let skipped = floor.saturating_sub(vclock);
+        let t0 = vclock.max(floor);
         let Some(out) = model.step(t0) else { continue };
         let slow = core.faults.lock().slow_factor.max(1.0);
         let end_v = t0 + ((out.end_us.saturating_sub(t0)) as f64 * slow) as u64;
@@ -175,11 +178,15 @@ pub async fn run(
             _ = tokio::time::sleep_until(wake.into()) => {}
         }
         let t_end = end_v;
+        let late = vnow().saturating_sub(end_v);
         // Metrics first, then the handlers: a client that has its tokens (or its whole response)
         // must find them counted when it reads /metrics right after.
         {
             let mut snap = core.snapshot.lock();
             snap.update(&model);
+            snap.clock.steps += 1;
+            snap.clock.late_us += late;
+            snap.clock.skipped_us += skipped;
             for (id, _) in &out.first_tokens {
                 if let Some(f) = inflight.get(id) {
                     snap.ttft

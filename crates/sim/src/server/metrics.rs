@@ -75,6 +75,22 @@ pub struct Snapshot {
     pub request_success: u64,
     /// Tokens held in the cache (used blocks × block size), for SGLang's `num_used_tokens`.
     pub used_tokens: u64,
+    /// How closely the engine kept to scaled wall time.
+    pub clock: ClockLag,
+}
+
+/// How the engine's virtual clock kept up with scaled wall time (virtual µs). A step sleeps until
+/// the wall clock reaches its end; a late wake-up is paid back by the next sleeps, but what the
+/// engine falls behind by more than its lag bound is skipped, and the engine is then slower than
+/// its model by that much. Both show a simulated fleet that is short of CPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClockLag {
+    /// Steps run.
+    pub steps: u64,
+    /// Sum over steps of how late the engine woke after the step's end, virtual µs.
+    pub late_us: u64,
+    /// Virtual time skipped because the engine fell too far behind, µs.
+    pub skipped_us: u64,
 }
 
 impl Snapshot {
@@ -124,6 +140,34 @@ fn line(
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
     let _ = writeln!(out, "{name}{{{labels}}} {v}");
+}
+
+/// The simulator's own clock counters (both flavours; no real engine has them).
+fn render_clock(o: &mut String, c: &ClockLag, labels: &str) {
+    line(
+        o,
+        "counter",
+        "kvgate_sim_steps_total",
+        "Engine steps run by the simulator.",
+        labels,
+        c.steps,
+    );
+    line(
+        o,
+        "counter",
+        "kvgate_sim_step_late_seconds_total",
+        "Sum over steps of how late the simulator woke after a step's end, engine-model seconds.",
+        labels,
+        c.late_us as f64 / 1e6,
+    );
+    line(
+        o,
+        "counter",
+        "kvgate_sim_clock_skipped_seconds_total",
+        "Engine-model time skipped because the simulator fell too far behind scaled wall time.",
+        labels,
+        c.skipped_us as f64 / 1e6,
+    );
 }
 
 /// vLLM-flavoured exposition.
@@ -230,6 +274,7 @@ pub fn render_vllm(s: &Snapshot, info: &MetricsInfo<'_>) -> String {
         &lc,
         1,
     );
+    render_clock(&mut o, &s.clock, &l);
     o
 }
 
@@ -316,6 +361,7 @@ pub fn render_sglang(s: &Snapshot, info: &MetricsInfo<'_>) -> String {
     let _ = writeln!(o, "# TYPE sglang:time_to_first_token_seconds histogram");
     s.ttft
         .render(&mut o, "sglang:time_to_first_token_seconds", &l);
+    render_clock(&mut o, &s.clock, &l);
     o
 }
 
@@ -341,5 +387,37 @@ mod tests {
         assert!(o.contains("x_bucket{a=\"b\",le=\"0.5\"} 2"));
         assert!(o.contains("x_bucket{a=\"b\",le=\"+Inf\"} 3"));
         assert!(o.contains("x_count{a=\"b\"} 3"));
+    }
+
+    #[test]
+    fn both_flavours_report_the_clock() {
+        let s = Snapshot {
+            clock: ClockLag {
+                steps: 7,
+                late_us: 1_500_000,
+                skipped_us: 250_000,
+            },
+            ..Snapshot::default()
+        };
+        let info = MetricsInfo {
+            model: "m",
+            block_size: 16,
+            num_gpu_blocks: 1,
+            num_cpu_blocks: 0,
+        };
+        for page in [render_vllm(&s, &info), render_sglang(&s, &info)] {
+            assert!(page.contains("kvgate_sim_steps_total{"), "{page}");
+            assert!(page.contains("} 7\n"), "{page}");
+            assert!(
+                page.contains("kvgate_sim_step_late_seconds_total{"),
+                "{page}"
+            );
+            assert!(page.contains("} 1.5\n"), "{page}");
+            assert!(
+                page.contains("kvgate_sim_clock_skipped_seconds_total{"),
+                "{page}"
+            );
+            assert!(page.contains("} 0.25\n"), "{page}");
+        }
     }
 }
