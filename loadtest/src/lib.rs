@@ -8,8 +8,9 @@
 //! - [`replay`]: open-loop streaming replay with per-request measurements.
 //! - [`fleet_metrics`]: the engines' own counters (hit ratio, request counts, load over time).
 //! - [`stats`]: exact percentiles, means, shares, buckets.
-//! - [`compare`]: one trace against several routers, each on a fresh simulated fleet.
-//! - [`report`]: JSON results, self-contained HTML report, terminal table.
+//! - [`compare`]: one trace against several routers, each on a fresh simulated fleet (kvgate as one
+//!   gateway or as N replicas gossiping in-process).
+//! - [`report`]: JSON results, self-contained HTML report, terminal table, follow-up turns.
 //! - [`sizing`]: cache capacity vs working set, fleet-LRU / infinite-cache / TTFT-floor references.
 //! - [`offline`]: the offline simulator (routing core + engine model in virtual time).
 //! - [`gateway_sizing`]: the gateway's own CPU and memory per 100 req/s against a running kvgate

@@ -128,3 +128,28 @@ async fn a_mixed_fleet_is_started_with_each_engines_class() {
     );
     let _ = std::fs::remove_dir_all(&cfg.log_dir);
 }
+
+/// `kvgate*3`: three gateway replicas gossiping on loopback, each request sent to one of them;
+/// the follow-up turns of the trace are counted whichever replica routed them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_the_traffic_and_follow_ups_are_counted() {
+    let spec = ContenderSpec::parse("kvgate*3").expect("replicas contender");
+    let cfg = config(vec![spec]);
+    let b = PromptBuilder::builtin(ApiKind::Chat, 64, 1).unwrap();
+    let results = compare::run(&trace(), &b, &cfg).await;
+    let r = &results[0];
+    let s = r
+        .summary
+        .as_ref()
+        .unwrap_or_else(|| panic!("{}: {:?}", r.name, r.error));
+    assert_eq!((s.sent, s.ok, s.error_total), (12, 12, 0));
+    let mut used: Vec<u32> = r.records.iter().filter_map(|x| x.replica).collect();
+    used.sort_unstable();
+    used.dedup();
+    assert_eq!(used, [0, 1, 2], "every replica took requests");
+    // Request i + 3 continues request i's first three blocks of four.
+    let f = s.follow_ups.expect("follow-ups");
+    assert_eq!(f.requests, 9, "{f:?}");
+    assert!(f.same_instance <= f.requests);
+    let _ = std::fs::remove_dir_all(&cfg.log_dir);
+}

@@ -69,6 +69,7 @@ pub async fn run(a: ReplayArgs) -> anyhow::Result<()> {
     let timeout = secs("timeout-s", a.timeout_s)?;
     let cfg = ReplayConfig {
         base_url: a.url.trim_end_matches('/').to_string(),
+        replica_urls: Vec::new(),
         model: a.model.clone(),
         arrivals: match a.poisson_rate {
             Some(rate) => Arrivals::Poisson {

@@ -28,6 +28,9 @@ pub enum ContenderSpec {
         /// base config's policy section: two variants of one policy can run in one comparison.
         #[serde(skip_serializing_if = "Vec::is_empty")]
         overrides: Vec<String>,
+        /// Gateway replicas sharing placements and load by gossip, each request sent to one of
+        /// them (as through a Kubernetes Service); 1 = one gateway.
+        replicas: u32,
     },
     /// An external router process.
     External {
@@ -67,8 +70,12 @@ impl ContenderSpec {
             name,
             policy,
             overrides: Vec::new(),
+            replicas: 1,
         }
     }
+
+    /// Most gateway replicas one contender may run (`kvgate*N`).
+    pub const MAX_REPLICAS: u32 = 16;
 
     /// Built-in external routers, by the names [`ContenderSpec::parse`] accepts.
     pub const PRESETS: [&'static str; 3] = ["smg", "sglang-router", "vllm-router"];
@@ -120,6 +127,37 @@ impl ContenderSpec {
     /// shown under that whole name), a preset (`smg`, `sglang-router`, `vllm-router`), or
     /// `NAME=COMMAND TEMPLATE`.
     pub fn parse(s: &str) -> Result<Self, String> {
+        if let Some((head, count)) = s.rsplit_once('*') {
+            // `NAME=COMMAND` templates may contain `*`; a policy name (before any brackets) has
+            // neither `=` nor spaces.
+            let policy_part = head.split_once('[').map_or(head, |(p, _)| p);
+            let is_policy = !policy_part.contains('=') && !policy_part.contains(' ');
+            if is_policy && !count.is_empty() && count.bytes().all(|b| b.is_ascii_digit()) {
+                let n: u32 = count
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=Self::MAX_REPLICAS).contains(n))
+                    .ok_or_else(|| {
+                        format!(
+                            "contender {s:?}: replicas must be 1 to {}",
+                            Self::MAX_REPLICAS
+                        )
+                    })?;
+                return match Self::parse(head)? {
+                    ContenderSpec::Kvgate {
+                        policy, overrides, ..
+                    } => Ok(ContenderSpec::Kvgate {
+                        name: s.to_string(),
+                        policy,
+                        overrides,
+                        replicas: n,
+                    }),
+                    _ => Err(format!(
+                        "contender {s:?}: replicas (*N) apply to kvgate policies only"
+                    )),
+                };
+            }
+        }
         if let Some((head, rest)) = s.split_once('[') {
             if let Some(inner) = rest.strip_suffix(']') {
                 if !head.contains('=') && !head.contains(' ') {
@@ -146,6 +184,7 @@ impl ContenderSpec {
                         name: s.to_string(),
                         policy,
                         overrides,
+                        replicas: 1,
                     });
                 }
             }
@@ -251,8 +290,31 @@ mod tests {
                     "kvgate.objective=e2e".into(),
                     "kvgate.decode_weight=0.5".into()
                 ],
+                replicas: 1,
             }
         );
+        let r = ContenderSpec::parse("kvgate[kvgate.objective=e2e]*8").unwrap();
+        assert_eq!(
+            r,
+            ContenderSpec::Kvgate {
+                name: "kvgate[kvgate.objective=e2e]*8".into(),
+                policy: PolicyName::Kvgate,
+                overrides: vec!["kvgate.objective=e2e".into()],
+                replicas: 8,
+            }
+        );
+        assert!(matches!(
+            ContenderSpec::parse("round_robin*4").unwrap(),
+            ContenderSpec::Kvgate { replicas: 4, .. }
+        ));
+        assert!(ContenderSpec::parse("kvgate*0").is_err());
+        assert!(ContenderSpec::parse("kvgate*17").is_err());
+        assert!(ContenderSpec::parse("smg*2").is_err());
+        assert!(ContenderSpec::parse("kvgate*x").is_err());
+        assert!(matches!(
+            ContenderSpec::parse("mine=./r --glob a*2").unwrap(),
+            ContenderSpec::External { .. }
+        ));
         assert!(ContenderSpec::parse("kvgate[]").is_err());
         assert!(ContenderSpec::parse("kvgate[objective]").is_err());
         assert!(ContenderSpec::parse("smg[kvgate.objective=e2e]").is_err());

@@ -1,4 +1,9 @@
-//! kvgate's gateway started in-process on 127.0.0.1:0, fronting a simulated fleet.
+//! kvgate's gateway started in-process on 127.0.0.1:0, fronting a simulated fleet: one
+//! gateway, or several replicas sharing placements and load by gossip on 127.0.0.1 ephemeral
+//! UDP ports, as several pods behind one Service would.
+//!
+//! Invariant: every start and stop is bounded in time; a replica set is returned only once every
+//! replica sees all the others as live members.
 
 use std::time::Duration;
 
@@ -11,6 +16,8 @@ use tokio::sync::oneshot;
 pub struct InProcessGateway {
     /// Base URL.
     pub url: String,
+    /// Its state (routing, index, gossip handle).
+    pub state: kvgate::app::AppState,
     stop: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -72,14 +79,76 @@ impl InProcessGateway {
             .local_addr()
             .map_err(|e| GatewayStartError(e.to_string()))?;
         let (stop, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(kvgate::app::run(listener, state, async move {
+        let task = tokio::spawn(kvgate::app::run(listener, state.clone(), async move {
             let _ = rx.await;
         }));
         Ok(InProcessGateway {
             url: format!("http://{addr}"),
+            state,
             stop,
             task,
         })
+    }
+
+    /// Starts `n` replicas of the gateway with `cfg`, gossiping with each other on loopback
+    /// (placements and load; each still subscribes to every engine's KV events itself), and
+    /// waits until each sees the other `n − 1` as live members. `n = 1` is [`Self::start`].
+    ///
+    /// Engines that run `time_scale` times faster than real would see replicas that share
+    /// decisions and load `time_scale` times less often than in production, so the two gossip
+    /// intervals that carry them (`flush_interval_ms`, `load_interval_ms`) are divided by it
+    /// (at least 1 ms); membership timing is left as configured.
+    pub async fn start_replicas(
+        cfg: Config,
+        n: usize,
+        time_scale: f64,
+    ) -> Result<Vec<Self>, GatewayStartError> {
+        if n <= 1 {
+            return Ok(vec![Self::start(cfg).await?]);
+        }
+        let mut replicas: Vec<Self> = Vec::with_capacity(n);
+        let mut seed = None;
+        for _ in 0..n {
+            let mut c = cfg.clone();
+            c.gossip.enabled = true;
+            c.gossip.bind = "127.0.0.1:0".to_string();
+            c.gossip.secret = REPLICA_SECRET.to_string();
+            c.gossip.seeds = seed.iter().map(ToString::to_string).collect();
+            c.gossip.prediction_ttl_ms = c.routing.predicted_ttl_ms;
+            c.gossip.flush_interval_ms = scaled_ms(c.gossip.flush_interval_ms, time_scale);
+            c.gossip.load_interval_ms = scaled_ms(c.gossip.load_interval_ms, time_scale);
+            let g = match Self::start(c).await {
+                Ok(g) => g,
+                Err(e) => {
+                    stop_all(replicas).await;
+                    return Err(e);
+                }
+            };
+            let addr = wait_for(|| g.state.routing.gossip().map(|h| h.local_addr())).await;
+            replicas.push(g);
+            match addr {
+                Some(a) => seed = seed.or(Some(a)),
+                None => {
+                    stop_all(replicas).await;
+                    return Err(GatewayStartError("gossip did not start".into()));
+                }
+            }
+        }
+        let joined = wait_for(|| {
+            replicas
+                .iter()
+                .all(|g| g.state.routing.gossip().map_or(0, |h| h.live_peers()) + 1 >= n)
+                .then_some(())
+        })
+        .await;
+        if joined.is_none() {
+            stop_all(replicas).await;
+            return Err(GatewayStartError(format!(
+                "{n} replicas did not all join one gossip cluster in {} s",
+                START_TIMEOUT.as_secs()
+            )));
+        }
+        Ok(replicas)
     }
 
     /// Stops the gateway (bounded wait).
@@ -92,5 +161,58 @@ impl InProcessGateway {
         {
             task.abort();
         }
+    }
+}
+
+/// Cluster secret of in-process replicas (they gossip on loopback only).
+const REPLICA_SECRET: &str = "kvgate-loadtest-replicas-0123456789";
+
+/// How long replicas may take to start and join.
+const START_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// `ms` of wall time at `time_scale`: the same span of engine time, at least 1 ms.
+fn scaled_ms(ms: u64, time_scale: f64) -> u64 {
+    if !(time_scale.is_finite() && time_scale > 1.0) {
+        return ms;
+    }
+    ((ms as f64 / time_scale).round() as u64).max(1)
+}
+
+/// Polls `probe` every 10 ms until it answers, for at most [`START_TIMEOUT`].
+async fn wait_for<T>(mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+    loop {
+        if let Some(v) = probe() {
+            return Some(v);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Stops every replica (each bounded).
+pub async fn stop_all(replicas: Vec<InProcessGateway>) {
+    for g in replicas {
+        g.stop().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scaled_ms;
+
+    #[test]
+    fn gossip_intervals_follow_the_engines_time_scale() {
+        assert_eq!(scaled_ms(50, 4.0), 13);
+        assert_eq!(scaled_ms(25, 1.0), 25);
+        assert_eq!(
+            scaled_ms(25, 0.5),
+            25,
+            "a slower fleet keeps the configured interval"
+        );
+        assert_eq!(scaled_ms(2, 100.0), 1);
+        assert_eq!(scaled_ms(25, f64::NAN), 25);
     }
 }

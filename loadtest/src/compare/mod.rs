@@ -101,14 +101,14 @@ impl ContenderResult {
 }
 
 enum Router {
-    Kvgate(gateway::InProcessGateway),
-    External(external::ExternalRouter),
+    Kvgate(Vec<gateway::InProcessGateway>),
+    External(Box<external::ExternalRouter>),
 }
 
 impl Router {
     async fn stop(self) {
         match self {
-            Router::Kvgate(g) => g.stop().await,
+            Router::Kvgate(g) => gateway::stop_all(g).await,
             Router::External(e) => e.stop().await,
         }
     }
@@ -150,10 +150,13 @@ async fn start_router(
     spec: &ContenderSpec,
     workers: &[String],
     fleet: &Fleet,
-) -> Result<(Router, String, Option<String>, Option<String>), String> {
+) -> Result<(Router, Vec<String>, Option<String>, Option<String>), String> {
     match spec {
         ContenderSpec::Kvgate {
-            policy, overrides, ..
+            policy,
+            overrides,
+            replicas,
+            ..
         } => {
             let mut c = gateway::config_for(
                 &cfg.kvgate_base,
@@ -166,13 +169,17 @@ async fn start_router(
                     crate::offline::policies::apply_overrides_to(&c.routing.policy, overrides)
                         .map_err(|e| e.to_string())?;
             }
-            let g = gateway::InProcessGateway::start(c)
-                .await
-                .map_err(|e| e.to_string())?;
-            let url = g.url.clone();
+            let g = gateway::InProcessGateway::start_replicas(
+                c,
+                *replicas as usize,
+                cfg.fleet.time_scale,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            let urls = g.iter().map(|g| g.url.clone()).collect();
             Ok((
                 Router::Kvgate(g),
-                url,
+                urls,
                 Some(env!("CARGO_PKG_VERSION").to_string()),
                 None,
             ))
@@ -209,7 +216,7 @@ async fn start_router(
             let log = cfg.log_dir.join(format!("{safe}.log"));
             let r = external::ExternalRouter::start(&cmd, &log).map_err(|e| e.to_string())?;
             let url = format!("http://127.0.0.1:{}", vars.port);
-            Ok((Router::External(r), url, version, Some(cmd)))
+            Ok((Router::External(Box::new(r)), vec![url], version, Some(cmd)))
         }
         ContenderSpec::Endpoint { url, .. } => Err(format!(
             "an existing endpoint ({url}) cannot be run on a fresh fleet; use `replay`"
@@ -229,17 +236,23 @@ async fn run_on_fleet(
     let workers: Vec<String> = infos.iter().map(|i| i.url.clone()).collect();
     let names: Vec<String> = infos.iter().map(|i| i.name.clone()).collect();
     let presets: Vec<String> = infos.iter().map(|i| i.preset.clone()).collect();
-    let (mut router, url, version, command) = start_router(cfg, spec, &workers, fleet).await?;
+    let (mut router, urls, version, command) = start_router(cfg, spec, &workers, fleet).await?;
     let client = reqwest::Client::new();
     let measured = async {
-        let ready = ready::wait_ready(
-            &client,
-            &url,
-            &workers,
-            &cfg.fleet.model,
-            builder.api(),
-            cfg.ready_timeout,
-        );
+        let ready = async {
+            for url in &urls {
+                ready::wait_ready(
+                    &client,
+                    url,
+                    &workers,
+                    &cfg.fleet.model,
+                    builder.api(),
+                    cfg.ready_timeout,
+                )
+                .await?;
+            }
+            Ok::<_, ready::NotReady>(())
+        };
         // An external router that exits (bad flags, missing binary) fails now, not at the timeout.
         let exited = async {
             loop {
@@ -261,7 +274,8 @@ async fn run_on_fleet(
         let sampler =
             fleet_metrics::Sampler::start(client.clone(), workers.clone(), cfg.sample_interval);
         let rcfg = ReplayConfig {
-            base_url: url.clone(),
+            base_url: urls[0].clone(),
+            replica_urls: urls[1..].to_vec(),
             ..cfg.replay.clone()
         };
         let out = replay::run(trace, builder, &rcfg, label).await;
@@ -292,6 +306,7 @@ async fn run_on_fleet(
         1.0
     };
     summary.goodput = cfg.ttft_slo_s.map(|s| goodput(&out, s / scale));
+    summary.follow_ups = crate::report::follow_ups::follow_ups(&trace.requests, &out.records);
     summary.scale_time(scale);
     let mut series = fleet_metrics::series(&samples);
     for p in &mut series {

@@ -32,6 +32,9 @@ pub use tenants::TenantMix;
 pub struct ReplayConfig {
     /// Base URL of the endpoint (e.g. `http://127.0.0.1:8080`).
     pub base_url: String,
+    /// Further base URLs of the same router (replicas behind one Service): each request goes
+    /// to one of `base_url` and these, picked by a hash of its index (uniform, reproducible).
+    pub replica_urls: Vec<String>,
     /// Model name sent in every request.
     pub model: String,
     /// Arrival process.
@@ -57,6 +60,7 @@ impl ReplayConfig {
     pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
         ReplayConfig {
             base_url: base_url.into(),
+            replica_urls: Vec::new(),
             model: model.into(),
             arrivals: Arrivals::Trace { speed_up: 1.0 },
             max_requests: None,
@@ -99,6 +103,19 @@ pub struct ReplayOutput {
     pub api: ApiKind,
 }
 
+/// The replica (of `n`) request `index` is sent to: a fixed mix of the index, so the choice is
+/// uniform, independent of the trace's structure, and the same in every run.
+fn replica_of(index: usize, n: usize) -> usize {
+    if n <= 1 {
+        return 0;
+    }
+    let mut x = (index as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^= x >> 31;
+    (x % n as u64) as usize
+}
+
 /// Replays `trace` with prompts from `builder` according to `cfg`.
 pub async fn run(
     trace: &Trace,
@@ -121,12 +138,10 @@ pub async fn run(
         .tcp_nodelay(true)
         .build()
         .map_err(ReplayError::Client)?;
-    let url: Arc<str> = format!(
-        "{}{}",
-        cfg.base_url.trim_end_matches('/'),
-        builder.api().path()
-    )
-    .into();
+    let urls: Vec<Arc<str>> = std::iter::once(&cfg.base_url)
+        .chain(&cfg.replica_urls)
+        .map(|base| format!("{}{}", base.trim_end_matches('/'), builder.api().path()).into())
+        .collect();
     let model: Arc<str> = cfg.model.as_str().into();
     let progress = Arc::new(Progress::default());
     let stop = tokio_util::sync::CancellationToken::new();
@@ -163,8 +178,10 @@ pub async fn run(
         while tasks.try_join_next().is_some() {}
         let sent_at = start.elapsed().as_secs_f64();
         progress.sent.fetch_add(1, Ordering::Relaxed);
-        let (client, url, model, builder) =
-            (client.clone(), url.clone(), model.clone(), builder.clone());
+        let replica = replica_of(index, urls.len());
+        let url = urls[replica].clone();
+        let replica = (urls.len() > 1).then_some(replica as u32);
+        let (client, model, builder) = (client.clone(), model.clone(), builder.clone());
         let (req, progress, records) = (req.clone(), progress.clone(), records.clone());
         let timeout = cfg.request_timeout;
         let scheduled = offset.as_secs_f64();
@@ -197,6 +214,7 @@ pub async fn run(
                 req.output_length,
             );
             rec.tenant = tenant.map(|t| t.to_string());
+            rec.replica = replica;
             if let Some(t) = rec.ttft_s {
                 progress.ttft(t);
             }

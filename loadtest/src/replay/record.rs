@@ -97,6 +97,9 @@ pub struct RequestRecord {
     /// The router's predicted time to first token (kvgate's `x-kvgate-predicted-ttft-ms`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub predicted_ttft_s: Option<f64>,
+    /// Which of the router's replicas it was sent to (replays over several base URLs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica: Option<u32>,
     /// The tenant it was sent as (replays with a tenant mix).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,

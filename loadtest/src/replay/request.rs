@@ -75,6 +75,7 @@ impl Measured {
             completion_tokens: self.completion_tokens.unwrap_or(self.chunks),
             cached_tokens: self.cached_tokens,
             instance: self.instance,
+            replica: None,
             tenant: None,
             reject_reason: self.reject_reason,
             predicted_ttft_s: self

@@ -3,6 +3,7 @@
 //! The JSON file holds every figure plus the exact command line, versions and parameters, so a
 //! run can be audited and re-run; the HTML report is generated from the same [`Report`] value.
 
+pub mod follow_ups;
 pub mod html;
 pub mod summary;
 pub mod svg;

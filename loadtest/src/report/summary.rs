@@ -75,6 +75,10 @@ pub struct RunSummary {
     /// Requests served within a time-to-first-token objective, when one was given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub goodput: Option<Goodput>,
+    /// Follow-up turns and where they were sent (see [`super::follow_ups`]), when the trace is
+    /// known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub follow_ups: Option<super::follow_ups::FollowUps>,
 }
 
 /// One tenant's part of a replay.
@@ -323,6 +327,7 @@ pub fn summarise(
             .collect(),
         prediction: PredictionFit::of(out),
         goodput: None,
+        follow_ups: None,
     }
 }
 
@@ -347,6 +352,7 @@ mod tests {
             completion_tokens: 2,
             cached_tokens: Some(5),
             instance: inst.map(str::to_string),
+            replica: None,
             predicted_ttft_s: None,
             tenant: None,
             reject_reason: None,

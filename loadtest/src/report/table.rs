@@ -86,6 +86,22 @@ pub fn render(contenders: &[ContenderResult]) -> String {
                 p.ratio_p90
             ));
         }
+        if let Some(f) = c.fleet.as_ref().filter(|f| f.sim_steps > 0.0) {
+            parts.push(format!(
+                "simulated engines woke {:.1} ms (model) late per step on average, skipped {:.2} s",
+                f.sim_step_late_mean_s * 1e3,
+                f.sim_clock_skipped_s
+            ));
+        }
+        if let Some(f) = s.follow_ups.filter(|f| f.requests > 0) {
+            parts.push(format!(
+                "follow-up turns {}: {:.1} % on the previous turn's instance, {} cached",
+                f.requests,
+                f.same_instance_fraction() * 100.0,
+                f.hit_ratio
+                    .map_or("-".to_string(), |h| format!("{:.1} %", h * 100.0)),
+            ));
+        }
         if !s.rejected_by_reason.is_empty() {
             let r: Vec<String> = s
                 .rejected_by_reason
