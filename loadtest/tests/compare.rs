@@ -21,6 +21,13 @@ fn trace() -> Trace {
     Trace::from_requests(reqs, 64).unwrap()
 }
 
+/// A contender's summary; a contender that failed fails the test with its error.
+fn summary(r: &compare::ContenderResult) -> &kvgate_loadtest::report::summary::RunSummary {
+    r.summary
+        .as_ref()
+        .unwrap_or_else(|| panic!("{}: {:?}", r.name, r.error))
+}
+
 fn config(contenders: Vec<ContenderSpec>) -> CompareConfig {
     let fleet = FleetConfig {
         engines: 2,
@@ -70,10 +77,7 @@ async fn each_contender_runs_on_a_fresh_fleet() {
         failed.error
     );
     for r in [&results[0], &results[2]] {
-        let s = r
-            .summary
-            .as_ref()
-            .unwrap_or_else(|| panic!("{}: {:?}", r.name, r.error));
+        let s = summary(r);
         assert_eq!((s.sent, s.ok, s.error_total), (12, 12, 0), "{}", r.name);
         let f = r.fleet.as_ref().unwrap();
         // Cold caches: the engines saw exactly this contender's 12 requests.
@@ -115,10 +119,7 @@ async fn a_mixed_fleet_is_started_with_each_engines_class() {
     let b = PromptBuilder::builtin(ApiKind::Chat, 64, 1).unwrap();
     let results = compare::run(&trace(), &b, &cfg).await;
     let r = &results[0];
-    let s = r
-        .summary
-        .as_ref()
-        .unwrap_or_else(|| panic!("{}: {:?}", r.name, r.error));
+    let s = summary(r);
     assert_eq!((s.sent, s.ok, s.error_total), (12, 12, 0));
     assert_eq!(r.engine_presets, ["llama3-8b-h100", "llama3-8b-a100-40gb"]);
     assert_eq!(r.engines.len(), 2);
@@ -138,10 +139,7 @@ async fn replicas_share_the_traffic_and_follow_ups_are_counted() {
     let b = PromptBuilder::builtin(ApiKind::Chat, 64, 1).unwrap();
     let results = compare::run(&trace(), &b, &cfg).await;
     let r = &results[0];
-    let s = r
-        .summary
-        .as_ref()
-        .unwrap_or_else(|| panic!("{}: {:?}", r.name, r.error));
+    let s = summary(r);
     assert_eq!((s.sent, s.ok, s.error_total), (12, 12, 0));
     let mut used: Vec<u32> = r.records.iter().filter_map(|x| x.replica).collect();
     used.sort_unstable();

@@ -109,11 +109,7 @@ fn replica_of(index: usize, n: usize) -> usize {
     if n <= 1 {
         return 0;
     }
-    let mut x = (index as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^= x >> 31;
-    (x % n as u64) as usize
+    (kvgate_core::policy::util::mix(index as u64) % n as u64) as usize
 }
 
 /// Replays `trace` with prompts from `builder` according to `cfg`.
