@@ -450,6 +450,7 @@ impl Routing {
             kv_block_tokens: self.pools[pool.index].block_size,
             text: &prep.text,
             seed,
+            concurrent_decisions: 0.0,
             now,
         };
         let pr = &self.pools[pool.index];
@@ -549,8 +550,10 @@ impl Routing {
 
     /// A well-mixed seed for one decision. Each thread counts on its own, its counter starting
     /// 2^40 past the previous thread's: a shared counter would be one more cache line that every
-    /// serving thread writes on every request.
+    /// serving thread writes on every request. Replicas salt it with their gossip node id: each
+    /// counts from zero, and equal seeds would make equal random choices on the same view.
     fn next_seed(&self) -> u64 {
+        let salt = self.gossip.get().map_or(0, kvgate_gossip::Gossip::node_id);
         thread_local! {
             static NEXT: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
         }
@@ -559,7 +562,7 @@ impl Routing {
                 .get()
                 .unwrap_or_else(|| self.seq.fetch_add(1, Ordering::Relaxed) << 40);
             next.set(Some(v.wrapping_add(1)));
-            splitmix64(v)
+            splitmix64(v) ^ salt
         })
     }
 
@@ -730,6 +733,12 @@ impl Peers for GossipPeers<'_> {
     }
     fn retract(&self, chosen: InstanceId, hashes: &[BlockHash], known: usize, now: Millis) {
         self.0.retract_decision(chosen, hashes, known, now);
+    }
+    fn live_peers(&self) -> u32 {
+        u32::try_from(self.0.live_peers()).unwrap_or(u32::MAX)
+    }
+    fn unseen_window_ms(&self) -> Millis {
+        self.0.unseen_window_ms()
     }
 }
 

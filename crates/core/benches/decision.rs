@@ -99,6 +99,7 @@ fn full_decision(c: &mut Criterion) {
                         kv_block_tokens: 16,
                         text: b"",
                         seed: 42,
+                        concurrent_decisions: 0.0,
                         now: 1,
                     };
                     black_box(policy.decide(&req, &cands).map(|d| d.chosen))
@@ -136,6 +137,7 @@ fn scoring(c: &mut Criterion) {
             kv_block_tokens: 16,
             text: b"",
             seed: 7,
+            concurrent_decisions: 0.0,
             now: 0,
         };
         g.bench_function(BenchmarkId::from_parameter(n), |b| {

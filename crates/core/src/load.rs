@@ -8,11 +8,13 @@
 //!   for it.
 //! - Rate estimates start at configured values and move by bounded EWMA steps from observations.
 
+mod concurrent;
 mod decode;
 mod fit;
 mod outputs;
 mod rates;
 
+pub use concurrent::ConcurrentDecisions;
 pub use decode::{
     DecodeEstimator, DecodeObservation, DecodeRateConfig, DecodeRates, DecodeView,
     InvalidDecodeRate,

@@ -19,8 +19,8 @@ use std::sync::Arc;
 
 use crate::index::{PlacementIndex, PrefixMatches};
 use crate::load::{
-    DecodeEstimator, DecodeObservation, DecodeRateConfig, EngineLoad, LoadGuard, LoadTracker,
-    OutputLengths, RateConfig, RateEstimator, RequestSize, RouterLoad,
+    ConcurrentDecisions, DecodeEstimator, DecodeObservation, DecodeRateConfig, EngineLoad,
+    LoadGuard, LoadTracker, OutputLengths, RateConfig, RateEstimator, RequestSize, RouterLoad,
 };
 use crate::policy::{Candidate, Decision, Policy, RouteRequest};
 use crate::{BlockHash, InstanceId, Millis, Source};
@@ -55,6 +55,14 @@ pub trait Peers {
     /// Takes a shared decision back: the request never reached `chosen`, so the blocks past
     /// `known_blocks` will not be there.
     fn retract(&self, chosen: InstanceId, hashes: &[BlockHash], known_blocks: usize, now: Millis);
+    /// Peers currently live (deciding requests of their own).
+    fn live_peers(&self) -> u32 {
+        0
+    }
+    /// How long a peer's dispatch can go unseen in [`Peers::load`], ms.
+    fn unseen_window_ms(&self) -> Millis {
+        0
+    }
 }
 
 /// A usable instance offered to a decision.
@@ -132,6 +140,7 @@ pub struct Router {
     rates: RateEstimator,
     decode: DecodeEstimator,
     outputs: OutputLengths,
+    concurrent: ConcurrentDecisions,
 }
 
 impl Router {
@@ -146,6 +155,7 @@ impl Router {
             rates: RateEstimator::new(cfg.rates.clone(), instances),
             decode: DecodeEstimator::new(cfg.decode_rates.clone(), instances),
             outputs: OutputLengths::new(pools, cfg.initial_output_tokens),
+            concurrent: ConcurrentDecisions::default(),
             load: Arc::new(LoadTracker::new(instances)),
             index,
             cfg,
@@ -217,6 +227,21 @@ impl Router {
         scratch: &mut Scratch,
     ) -> Option<Routed> {
         let now = req.now;
+        // With live peers, the policy learns how many decisions they take on this same view.
+        let concurrent = peers.map_or(0.0, |p| {
+            self.concurrent
+                .observe(now, p.unseen_window_ms(), p.live_peers())
+        });
+        let with_peers;
+        let req = if concurrent > 0.0 {
+            with_peers = RouteRequest {
+                concurrent_decisions: concurrent,
+                ..*req
+            };
+            &with_peers
+        } else {
+            req
+        };
         let matched = self.cfg.match_index && !req.hashes.is_empty();
         if matched {
             if let Some(p) = peers {
@@ -465,12 +490,14 @@ mod tests {
             kv_block_tokens: 16,
             text: b"",
             seed,
+            concurrent_decisions: 0.0,
             now: 1_000,
         }
     }
 
     #[derive(Default)]
     struct Recorder {
+        live: u32,
         materialized: Mutex<usize>,
         recorded: Mutex<Vec<(InstanceId, usize, usize)>>,
         retracted: Mutex<Vec<(InstanceId, usize, usize)>>,
@@ -495,6 +522,57 @@ mod tests {
         fn retract(&self, chosen: InstanceId, hashes: &[BlockHash], known: usize, _: Millis) {
             self.retracted.lock().push((chosen, hashes.len(), known));
         }
+        fn live_peers(&self) -> u32 {
+            self.live
+        }
+        fn unseen_window_ms(&self) -> Millis {
+            50
+        }
+    }
+
+    /// A policy that remembers the concurrent decisions each request was routed with.
+    #[derive(Default)]
+    struct Concurrency(Mutex<Vec<f64>>);
+
+    impl Policy for Concurrency {
+        fn name(&self) -> &'static str {
+            "concurrency"
+        }
+        fn decide(&self, req: &RouteRequest<'_>, cs: &[Candidate]) -> Option<Decision> {
+            self.0.lock().push(req.concurrent_decisions);
+            build_policy(&PolicyConfig::default()).decide(req, cs)
+        }
+    }
+
+    #[test]
+    fn the_policy_is_told_of_peers_deciding_with_it_only_when_there_are_any() {
+        let r = router(3);
+        let mut scratch = Scratch::default();
+        let policy = Concurrency::default();
+        let alone = Recorder::default();
+        let seven = Recorder {
+            live: 7,
+            ..Recorder::default()
+        };
+        // Bursts of two requests a second (the same millisecond), 40 seconds.
+        for peers in [&alone, &seven] {
+            for burst in 0..40u64 {
+                for j in 0..2u64 {
+                    let hashes = [burst * 10 + j + 1];
+                    let req = RouteRequest {
+                        now: burst * 1_000,
+                        ..request(&hashes, j)
+                    };
+                    r.route(&policy, &req, offers(3), Some(peers), &mut scratch)
+                        .expect("routed");
+                }
+            }
+        }
+        let seen = policy.0.lock();
+        assert!(seen[..80].iter().all(|&c| c == 0.0), "no live peers");
+        // Half of the decisions find one of its own before it: 7 × 2 × ½ = 7 from peers.
+        let last = seen[159];
+        assert!((5.0..=7.5).contains(&last), "{last}");
     }
 
     /// Routes `hashes` (request seed `seed`) over the first 3 instances with the default policy.

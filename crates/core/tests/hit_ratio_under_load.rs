@@ -67,6 +67,7 @@ fn run(policy: &Kvgate, gap_ms: f64, requests: u64) -> Outcome {
             kv_block_tokens: 16,
             text: b"",
             seed: mix(k),
+            concurrent_decisions: 0.0,
             now: now as u64,
         };
         let d = policy.decide(&req, &cands).expect("candidates");

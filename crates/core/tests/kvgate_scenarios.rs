@@ -46,6 +46,7 @@ fn req(hashes: &[u64], seed: u64) -> RouteRequest<'_> {
         kv_block_tokens: 16,
         text: b"",
         seed,
+        concurrent_decisions: 0.0,
         now: 0,
     }
 }

@@ -302,9 +302,20 @@ impl Gossip {
         self.inner.addr
     }
 
-    /// Number of live peers.
+    /// Number of live peers (one atomic load).
     pub fn live_peers(&self) -> usize {
-        self.inner.live_dests().len()
+        self.inner.live_peers.load(Ordering::Relaxed) as usize
+    }
+
+    /// This replica's random node id (also what peers know it by).
+    pub fn node_id(&self) -> u64 {
+        self.inner.node_id
+    }
+
+    /// The longest a peer's dispatch stays out of [`Gossip::peer_load`] here, transit aside: the
+    /// peer publishes its load every `load_interval_ms` and sends it on its next load tick.
+    pub fn unseen_window_ms(&self) -> Millis {
+        self.inner.cfg.load_interval_ms.saturating_mul(2)
     }
 
     /// Members, their state, last heard, lag and bytes, for `/admin/cluster`.

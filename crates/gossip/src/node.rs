@@ -23,7 +23,7 @@ use kvgate_core::{BlockHash, InstanceId, Millis};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::{mpsc, Semaphore};
 
@@ -171,6 +171,9 @@ pub(crate) struct Inner {
     pub local: Mutex<LocalShares>,
     pub peers: Mutex<AHashMap<u64, PeerState>>,
     pub members: RwLock<Vec<MemberView>>,
+    /// Live (alive or suspect) members other than us, as of the last membership update: read on
+    /// every routing decision, so kept apart from `members`.
+    pub live_peers: AtomicU32,
     pub agg: RwLock<Aggregate>,
     pub stats: Stats,
     pub membership_tx: mpsc::Sender<MembershipInput>,
@@ -217,6 +220,7 @@ impl Inner {
             local: Mutex::default(),
             peers: Mutex::default(),
             members: Default::default(),
+            live_peers: AtomicU32::new(0),
             agg: Default::default(),
             stats: Stats::default(),
             membership_tx,
@@ -286,6 +290,12 @@ impl Inner {
     pub fn set_members(&self, v: Vec<MemberView>) {
         let live = v.iter().filter(|m| m.state != foca::State::Down).count();
         metrics::gauge!(m::PEERS).set(live as f64);
+        let peers = v
+            .iter()
+            .filter(|m| m.state != foca::State::Down && m.id.node != self.node_id)
+            .count();
+        self.live_peers
+            .store(u32::try_from(peers).unwrap_or(u32::MAX), Ordering::Relaxed);
         *self.members.write() = v;
     }
 

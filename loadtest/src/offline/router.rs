@@ -289,6 +289,7 @@ impl SimRouter {
             kv_block_tokens: self.block_tokens,
             text: &self.text,
             seed: request_seed(self.seed, id as u64),
+            concurrent_decisions: 0.0,
             now,
         };
         let capacities = &self.settings.capacity_blocks;

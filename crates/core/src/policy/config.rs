@@ -203,6 +203,13 @@ pub struct KvgateParams {
     /// bound pays `best × (e^(share_price × Q) − 1)`, `best` being the decision's lowest cost,
     /// so the price grows until it stops being the cheapest often enough. Default 0.2.
     pub share_price: f64,
+    /// Weight of the decisions gateway replicas are estimated to take at the same moment on the
+    /// same view (see [`crate::load::ConcurrentDecisions`]): with any, the choice is mixed over
+    /// the cheapest candidates so that concurrent requests do not all take the same one (see
+    /// [`super::kvgate`]). 0 decides as if alone. No effect without peers. Default 0 (off): on
+    /// bursty traffic it keeps the replicas' hit ratio and lowers their TTFT, at a few percent of
+    /// mean end-to-end latency (docs/gossip.md).
+    pub concurrency_weight: f64,
 }
 
 impl Default for KvgateParams {
@@ -227,6 +234,7 @@ impl Default for KvgateParams {
             tie_relative: 0.1,
             max_share: 0.0,
             share_price: 0.2,
+            concurrency_weight: 0.0,
         }
     }
 }
@@ -273,6 +281,7 @@ impl KvgateParams {
             ("tpot_slo_ms", self.tpot_slo_ms),
             ("slo_penalty_ms", self.slo_penalty_ms),
             ("share_price", self.share_price),
+            ("concurrency_weight", self.concurrency_weight),
         ];
         for (field, v) in non_negative {
             if !(v.is_finite() && v >= 0.0) {

@@ -101,6 +101,14 @@
 //!   would keep sending idle-time traffic to whichever instance looks a few percent faster). Ties
 //!   go to the fewest requests in flight, which also evens out decode batches, then to the lowest
 //!   hash of (request seed, instance id), so slice position never matters.
+//! - With gateway replicas, other replicas decide at the same moment on the same view
+//!   ([`RouteRequest::concurrent_decisions`], scaled by `concurrency_weight`). A deterministic
+//!   choice would be theirs too: a burst split across replicas would pile onto one instance,
+//!   where a single gateway fills the cheapest instances one request after another. So the
+//!   decision places the peers' (cold) requests first, one after another under the tie rule; a
+//!   cold request then takes one of the burst's places at random, any other the cheapest once the
+//!   burst's queue is added (see [`super::concurrent`]). Below 0.05 expected concurrent
+//!   decisions the choice is as alone.
 //!
 //! A routing decision is inserted into the placement index at once (a predicted placement), so
 //! requests routed while the holder is still computing the prefix are credited with it there.
@@ -115,9 +123,10 @@
 //! engine's waiting + running in excess of the router's in-flight count for that instance, taken
 //! from the waiting queue first.
 
+use super::concurrent::Burst;
 use super::config::{KvgateParams, Objective};
 use super::share::ShareLedger;
-use super::util::{argmin_seeded, decision, prefilling, tie_key};
+use super::util::{argmin_seeded, decision, mix, prefilling, tie_key, unit_f64};
 use super::{Candidate, Decision, Policy, Reason, RouteRequest};
 
 /// The cost-based default policy.
@@ -150,6 +159,12 @@ pub struct KvgateTerms {
     pub share_ms: f64,
     /// Predicted time per output token there once it joins the batch, ms.
     pub tpot_ms: f64,
+    /// Time to first token plus stall, as they would be were the prompt's prefix held nowhere
+    /// beyond what every candidate holds (a *cold* request of its size), ms.
+    pub cold_ms: f64,
+    /// That cold request's prefill there, ms: what one more of it adds to the queue there (see
+    /// [`super::concurrent`]).
+    pub cold_prefill_ms: f64,
 }
 
 impl KvgateTerms {
@@ -163,6 +178,12 @@ impl KvgateTerms {
             + self.impact_ms
             + self.slo_ms
             + self.share_ms
+    }
+
+    /// The score of a cold request of this size (no fleet or replica terms: it matches nowhere
+    /// more than anywhere else).
+    pub fn cold_cost_ms(&self) -> f64 {
+        self.cold_ms + self.decode_ms + self.impact_ms + self.slo_ms + self.share_ms
     }
 }
 
@@ -208,6 +229,12 @@ impl Kvgate {
             .iter()
             .map(|c| self.credit(c))
             .fold(0.0, f64::max);
+        let common = candidates
+            .iter()
+            .map(|c| self.credit(c))
+            .fold(f64::INFINITY, f64::min)
+            .min(best);
+        let cold_uncached = prompt - (common * tpb).min(prompt);
         // The best match is a shared prefix worth another replica when several instances hold it
         // (one conversation's history lives on one instance) and all of them have work in flight.
         let (mut holders, mut all_busy) = (0usize, true);
@@ -255,6 +282,8 @@ impl Kvgate {
                 p.stall_weight.max(0.0)
             };
             let stall_ms = stall_weight * sharing * prefill_ms;
+            let cold_prefill_ms = cold_uncached / rate_per_ms;
+            let cold_ms = ttft_ms - prefill_ms + cold_prefill_ms * (1.0 + stall_weight * sharing);
             let redo = ((best - credit) * tpb).clamp(0.0, prompt);
             let occupied = occupancy(c) > 0;
             let base = if occupied {
@@ -301,6 +330,8 @@ impl Kvgate {
                 slo_ms,
                 share_ms: 0.0,
                 tpot_ms,
+                cold_ms: cold_ms + memory_ms,
+                cold_prefill_ms,
             }
         }));
         if self.bounds_share() {
@@ -378,29 +409,115 @@ impl Kvgate {
     /// to the fewest requests in flight (router-tracked plus foreign), then to the lowest
     /// [`tie_key`]. NaN costs never win.
     fn pick(&self, candidates: &[Candidate], scores: &[f64], seed: u64) -> Option<usize> {
+        self.cheapest(
+            scores,
+            |i| occupancy(&candidates[i]),
+            |i| tie_key(seed, candidates[i].id),
+        )
+        .or_else(|| argmin_seeded(candidates, scores, 0.0, seed))
+    }
+
+    /// The lowest of `scores` under the tie rule of [`Kvgate::pick`], with the requests in
+    /// flight and the tie keys given per index. `None` when no score is finite.
+    fn cheapest(
+        &self,
+        scores: &[f64],
+        in_flight: impl Fn(usize) -> u32,
+        key: impl Fn(usize) -> u64,
+    ) -> Option<usize> {
         let min = scores
             .iter()
             .copied()
             .filter(|s| !s.is_nan())
             .fold(f64::INFINITY, f64::min);
         if !min.is_finite() {
-            return argmin_seeded(candidates, scores, 0.0, seed);
+            return None;
         }
         let p = &self.params;
         let slack = p.tie_epsilon_ms.max(0.0) + (p.tie_relative.max(0.0) * min).max(0.0);
-        candidates
-            .iter()
-            .zip(scores)
-            .enumerate()
-            .filter(|(_, (_, &s))| s <= min + slack)
-            .min_by_key(|(_, (c, _))| (occupancy(c), tie_key(seed, c.id)))
-            .map(|(i, _)| i)
+        (0..scores.len())
+            .filter(|&i| scores[i] <= min + slack)
+            .min_by_key(|&i| (in_flight(i), key(i)))
     }
 }
+
+impl Kvgate {
+    /// The choice when `concurrent` decisions by peers are expected on this same view (see
+    /// [`super::concurrent`]): the peers' requests are placed first, one after another as a
+    /// single router would (cold, under the tie rule); a cold request then takes one of the
+    /// burst's places at random, any other the cheapest once the peers' are priced in.
+    fn pick_among_peers(
+        &self,
+        candidates: &[Candidate],
+        terms: &[KvgateTerms],
+        scores: &[f64],
+        concurrent: f64,
+        seed: u64,
+    ) -> Option<usize> {
+        let whole = concurrent.floor();
+        let round_up = unit_f64(mix(seed ^ ROUNDING_SALT)) < concurrent - whole;
+        let peers = (whole as usize + usize::from(round_up)).min(MAX_PEER_DECISIONS);
+        let (lo, hi) = candidates
+            .iter()
+            .map(|c| self.credit(c))
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
+                (lo.min(x), hi.max(x))
+            });
+        let cold_request = hi <= lo;
+        let mut burst = Burst::new(
+            terms.iter().map(KvgateTerms::cold_cost_ms).collect(),
+            terms.iter().map(|t| t.cold_prefill_ms).collect(),
+            candidates.iter().map(occupancy).collect(),
+        );
+        let mut places = Vec::with_capacity(peers + 1);
+        for j in 0..peers + usize::from(cold_request) {
+            let decision_seed = mix(seed ^ PEER_SALT ^ j as u64);
+            let Some(i) = self.cheapest(
+                &burst.cold,
+                |i| burst.in_flight[i],
+                |i| tie_key(decision_seed, candidates[i].id),
+            ) else {
+                break;
+            };
+            places.push(i);
+            burst.place(i);
+        }
+        if cold_request && !places.is_empty() {
+            let u = unit_f64(mix(seed ^ CONCURRENT_SALT));
+            let slot = ((u * places.len() as f64) as usize).min(places.len() - 1);
+            return Some(places[slot]);
+        }
+        let expected: Vec<f64> = scores
+            .iter()
+            .zip(&burst.added)
+            .map(|(s, a)| s + a)
+            .collect();
+        self.cheapest(
+            &expected,
+            |i| burst.in_flight[i],
+            |i| tie_key(seed, candidates[i].id),
+        )
+        .or_else(|| self.pick(candidates, scores, seed))
+    }
+}
+
+/// Peers' concurrent decisions placed at most (a bound on the work of one decision).
+const MAX_PEER_DECISIONS: usize = 64;
+
+/// Salts of the draws a decision among peers makes (independent of the seed's tie keys).
+const ROUNDING_SALT: u64 = 0x726f_756e_6469_6e67;
+const PEER_SALT: u64 = 0x7065_6572_7365_6564;
 
 /// Largest exponent of the share price: `e^40` times the best cost outprices any instance a
 /// decision could prefer, and keeps the price finite.
 const MAX_SHARE_EXPONENT: f64 = 40.0;
+
+/// Concurrent decisions by peers from which on the choice is mixed (below it, rare coincidences
+/// are left to the deterministic rule and its tie-breaking).
+const MIN_CONCURRENT: f64 = 0.05;
+
+/// Salt of the draw of a cold request's place in a burst.
+const CONCURRENT_SALT: u64 = 0x636f_6e63_7572_7265;
 
 /// Holders of the best match from which on it counts as a prefix shared across traffic.
 const SHARED_HOLDERS: usize = 2;
@@ -454,7 +571,12 @@ impl Policy for Kvgate {
         let mut terms = Vec::with_capacity(candidates.len());
         self.terms(req, candidates, &mut terms);
         let scores: Vec<f64> = terms.iter().map(KvgateTerms::cost_ms).collect();
-        let i = self.pick(candidates, &scores, req.seed)?;
+        let concurrent = req.concurrent_decisions * self.params.concurrency_weight;
+        let i = if concurrent >= MIN_CONCURRENT {
+            self.pick_among_peers(candidates, &terms, &scores, concurrent, req.seed)?
+        } else {
+            self.pick(candidates, &scores, req.seed)?
+        };
         if self.bounds_share() {
             self.share.record(candidates, i, self.params.max_share);
         }
@@ -479,6 +601,64 @@ mod tests {
         let mut out = Vec::new();
         p.terms(&req(hashes, b"", 1), cs, &mut out);
         out
+    }
+
+    #[test]
+    fn peers_deciding_at_the_same_moment_spread_a_cold_burst_but_not_a_cached_turn() {
+        let p = Kvgate::new(KvgateParams {
+            concurrency_weight: 1.0,
+            ..Default::default()
+        });
+        let cold: Vec<u64> = (1_000..1_100).collect();
+        // Instance 0 is idle, the others have one short prefill queued: alone, every request of
+        // a burst takes 0 (the next ones then see it loaded).
+        let cs: Vec<Candidate> = std::iter::once(cand(0, 0, 0, 0))
+            .chain((1..6).map(|i| cand(i, 0, 160, 1)))
+            .collect();
+        let chosen = |concurrent: f64, hashes: &[u64]| -> Vec<u32> {
+            (0..400u64)
+                .map(|seed| {
+                    let r = RouteRequest {
+                        concurrent_decisions: concurrent,
+                        ..req(hashes, b"", mix(seed))
+                    };
+                    p.decide(&r, &cs).expect("decision").chosen.0
+                })
+                .collect()
+        };
+        assert!(chosen(0.0, &cold).iter().all(|&c| c == 0));
+        // Off by default: as alone whatever the estimate.
+        let alone = Kvgate::default();
+        assert!((0..100u64).all(|seed| {
+            let r = RouteRequest {
+                concurrent_decisions: 7.0,
+                ..req(&cold, b"", mix(seed))
+            };
+            alone.decide(&r, &cs).expect("decision").chosen.0 == 0
+        }));
+        assert!(
+            chosen(0.01, &cold).iter().all(|&c| c == 0),
+            "rare coincidences"
+        );
+        // Seven peers deciding on this view: the burst of eight fills every instance, so each
+        // takes at least one eighth of the draws.
+        let spread = chosen(7.0, &cold);
+        for id in 0..6 {
+            let n = spread.iter().filter(|&&c| c == id).count();
+            assert!(n > 40, "instance {id}: {n} of 400");
+        }
+        // A turn whose history instance 3 holds (90 of 100 blocks) stays there.
+        let mut held = cs.clone();
+        held[3] = cand(3, 90, 160, 1);
+        let turn: Vec<u64> = (0..100).collect();
+        let d = |seed: u64| {
+            let r = RouteRequest {
+                concurrent_decisions: 7.0,
+                ..req(&turn, b"", mix(seed))
+            };
+            p.decide(&r, &held).expect("decision").chosen.0
+        };
+        assert!((0..400).all(|seed| d(seed) == 3));
     }
 
     #[test]

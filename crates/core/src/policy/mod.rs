@@ -7,6 +7,7 @@
 //!   already-tried ones); a policy always picks one of them when the slice is non-empty.
 //! - Ties are broken by a per-request seed, never by slice position, so no instance is favoured.
 
+mod concurrent;
 mod config;
 pub mod consistent_hash;
 pub mod dynamo;
@@ -48,6 +49,9 @@ pub struct RouteRequest<'a> {
     pub text: &'a [u8],
     /// Per-request seed for tie-breaking and sampling.
     pub seed: u64,
+    /// Decisions other replicas are expected to take on the same view as this one (0 without
+    /// peers; the router fills it in, see [`crate::load::ConcurrentDecisions`]).
+    pub concurrent_decisions: f64,
     /// Now, in the caller's monotonic milliseconds.
     pub now: Millis,
 }

@@ -153,6 +153,7 @@ pub(crate) mod testing {
             kv_block_tokens: 16,
             text,
             seed,
+            concurrent_decisions: 0.0,
             now: 0,
         }
     }
