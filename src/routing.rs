@@ -26,6 +26,7 @@ use kvgate_core::hash::{
 };
 use kvgate_core::index::PlacementIndex;
 use kvgate_core::load::{DecodeRates, InstanceRates, LoadGuard, LoadTracker, RouterLoad};
+use kvgate_core::policy::util::mix;
 use kvgate_core::policy::{build_policy, Decision, Policy, RouteRequest};
 use kvgate_core::router::{BatchSample, Offer, Peers, Router, Scratch};
 use kvgate_core::{BlockHash, InstanceId, Millis};
@@ -562,7 +563,7 @@ impl Routing {
                 .get()
                 .unwrap_or_else(|| self.seq.fetch_add(1, Ordering::Relaxed) << 40);
             next.set(Some(v.wrapping_add(1)));
-            splitmix64(v) ^ salt
+            mix(v) ^ salt
         })
     }
 
@@ -768,12 +769,4 @@ pub fn ranked_others(decision: &Decision, n: usize) -> Vec<InstanceId> {
         others.sort_by(|a, b| b.score.total_cmp(&a.score));
     }
     others.into_iter().take(n).map(|c| c.id).collect()
-}
-
-/// A well-mixed per-request seed from a counter.
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }

@@ -227,11 +227,15 @@ impl Router {
         scratch: &mut Scratch,
     ) -> Option<Routed> {
         let now = req.now;
-        // With live peers, the policy learns how many decisions they take on this same view.
-        let concurrent = peers.map_or(0.0, |p| {
-            self.concurrent
-                .observe(now, p.unseen_window_ms(), p.live_peers())
-        });
+        // With live peers, a policy that decides with them in mind learns how many decisions
+        // they take on this same view.
+        let concurrent = match peers {
+            Some(p) if policy.decides_with_peers() => {
+                self.concurrent
+                    .observe(now, p.unseen_window_ms(), p.live_peers())
+            }
+            _ => 0.0,
+        };
         let with_peers;
         let req = if concurrent > 0.0 {
             with_peers = RouteRequest {
@@ -532,30 +536,29 @@ mod tests {
 
     /// A policy that remembers the concurrent decisions each request was routed with.
     #[derive(Default)]
-    struct Concurrency(Mutex<Vec<f64>>);
+    struct Concurrency {
+        seen: Mutex<Vec<f64>>,
+        with_peers: bool,
+    }
 
     impl Policy for Concurrency {
         fn name(&self) -> &'static str {
             "concurrency"
         }
+        fn decides_with_peers(&self) -> bool {
+            self.with_peers
+        }
         fn decide(&self, req: &RouteRequest<'_>, cs: &[Candidate]) -> Option<Decision> {
-            self.0.lock().push(req.concurrent_decisions);
+            self.seen.lock().push(req.concurrent_decisions);
             build_policy(&PolicyConfig::default()).decide(req, cs)
         }
     }
 
-    #[test]
-    fn the_policy_is_told_of_peers_deciding_with_it_only_when_there_are_any() {
-        let r = router(3);
+    /// Routes bursts of two requests a second (the same millisecond) for 40 seconds with each of
+    /// `peers` in turn; returns what `policy` was told of concurrent decisions.
+    fn bursts(r: &Router, policy: &Concurrency, peers: &[&Recorder]) -> Vec<f64> {
         let mut scratch = Scratch::default();
-        let policy = Concurrency::default();
-        let alone = Recorder::default();
-        let seven = Recorder {
-            live: 7,
-            ..Recorder::default()
-        };
-        // Bursts of two requests a second (the same millisecond), 40 seconds.
-        for peers in [&alone, &seven] {
+        for peers in peers {
             for burst in 0..40u64 {
                 for j in 0..2u64 {
                     let hashes = [burst * 10 + j + 1];
@@ -563,16 +566,49 @@ mod tests {
                         now: burst * 1_000,
                         ..request(&hashes, j)
                     };
-                    r.route(&policy, &req, offers(3), Some(peers), &mut scratch)
+                    let peers: &dyn Peers = *peers;
+                    r.route(policy, &req, offers(3), Some(peers), &mut scratch)
                         .expect("routed");
                 }
             }
         }
-        let seen = policy.0.lock();
+        policy.seen.lock().clone()
+    }
+
+    #[test]
+    fn the_policy_is_told_of_peers_deciding_with_it_only_when_there_are_any() {
+        let policy = Concurrency {
+            with_peers: true,
+            ..Concurrency::default()
+        };
+        let alone = Recorder::default();
+        let seven = Recorder {
+            live: 7,
+            ..Recorder::default()
+        };
+        let seen = bursts(&router(3), &policy, &[&alone, &seven]);
         assert!(seen[..80].iter().all(|&c| c == 0.0), "no live peers");
         // Half of the decisions find one of its own before it: 7 × 2 × ½ = 7 from peers.
         let last = seen[159];
         assert!((5.0..=7.5).contains(&last), "{last}");
+    }
+
+    #[test]
+    fn a_policy_that_decides_as_alone_is_never_told_of_peers() {
+        let r = router(3);
+        let seven = Recorder {
+            live: 7,
+            ..Recorder::default()
+        };
+        let alone = bursts(&r, &Concurrency::default(), &[&seven]);
+        assert!(alone.iter().all(|&c| c == 0.0));
+        // Nothing was counted meanwhile: a policy that asks later starts from an empty estimate.
+        let with_peers = Concurrency {
+            with_peers: true,
+            ..Concurrency::default()
+        };
+        let seen = bursts(&r, &with_peers, &[&seven]);
+        assert_eq!(seen[0], 0.0, "first decision after the policy changed");
     }
 
     /// Routes `hashes` (request seed `seed`) over the first 3 instances with the default policy.

@@ -160,11 +160,28 @@ pub struct KvgateTerms {
     /// Predicted time per output token there once it joins the batch, ms.
     pub tpot_ms: f64,
     /// Time to first token plus stall, as they would be were the prompt's prefix held nowhere
-    /// beyond what every candidate holds (a *cold* request of its size), ms.
+    /// beyond what every candidate holds (a *cold* request of its size), ms (0 while
+    /// `concurrency_weight` is off: only a decision among peers reads it).
     pub cold_ms: f64,
     /// That cold request's prefill there, ms: what one more of it adds to the queue there (see
-    /// [`super::concurrent`]).
+    /// [`super::concurrent`]; 0 while `concurrency_weight` is off).
     pub cold_prefill_ms: f64,
+}
+
+/// The candidates' credited matches: the best, and what every candidate holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CreditRange {
+    /// The largest tier-weighted credit of any candidate.
+    pub best: f64,
+    /// The smallest (what all hold), at most `best`.
+    pub common: f64,
+}
+
+impl CreditRange {
+    /// Whether no candidate holds more of the prompt than another (a *cold* request).
+    pub fn is_cold(&self) -> bool {
+        self.best <= self.common
+    }
 }
 
 impl KvgateTerms {
@@ -196,6 +213,11 @@ impl Kvgate {
         }
     }
 
+    /// Whether decisions take the peers' concurrent ones into account.
+    fn with_peers(&self) -> bool {
+        self.params.concurrency_weight > 0.0
+    }
+
     /// Whether the share bound is on.
     fn bounds_share(&self) -> bool {
         self.params.max_share > 0.0 && self.params.share_price > 0.0
@@ -214,13 +236,14 @@ impl Kvgate {
         f64::from(prefilling(c)) + f64::from(foreign(c).waiting)
     }
 
-    /// Priced terms of every candidate, in candidate order, appended to `out`.
+    /// Priced terms of every candidate, in candidate order, appended to `out`; returns the
+    /// candidates' credit range.
     pub fn terms(
         &self,
         req: &RouteRequest<'_>,
         candidates: &[Candidate],
         out: &mut Vec<KvgateTerms>,
-    ) {
+    ) -> CreditRange {
         let p = &self.params;
         let start = out.len();
         let tpb = f64::from(req.tokens_per_block.max(1));
@@ -234,6 +257,7 @@ impl Kvgate {
             .map(|c| self.credit(c))
             .fold(f64::INFINITY, f64::min)
             .min(best);
+        let with_peers = self.with_peers();
         let cold_uncached = prompt - (common * tpb).min(prompt);
         // The best match is a shared prefix worth another replica when several instances hold it
         // (one conversation's history lives on one instance) and all of them have work in flight.
@@ -282,8 +306,14 @@ impl Kvgate {
                 p.stall_weight.max(0.0)
             };
             let stall_ms = stall_weight * sharing * prefill_ms;
-            let cold_prefill_ms = cold_uncached / rate_per_ms;
-            let cold_ms = ttft_ms - prefill_ms + cold_prefill_ms * (1.0 + stall_weight * sharing);
+            let (cold_ms, cold_prefill_ms) = if with_peers {
+                let cold_prefill_ms = cold_uncached / rate_per_ms;
+                let cold_ms =
+                    ttft_ms - prefill_ms + cold_prefill_ms * (1.0 + stall_weight * sharing);
+                (cold_ms, cold_prefill_ms)
+            } else {
+                (0.0, 0.0)
+            };
             let redo = ((best - credit) * tpb).clamp(0.0, prompt);
             let occupied = occupancy(c) > 0;
             let base = if occupied {
@@ -330,13 +360,14 @@ impl Kvgate {
                 slo_ms,
                 share_ms: 0.0,
                 tpot_ms,
-                cold_ms: cold_ms + memory_ms,
+                cold_ms: if with_peers { cold_ms + memory_ms } else { 0.0 },
                 cold_prefill_ms,
             }
         }));
         if self.bounds_share() {
             self.price_share(candidates, &mut out[start..]);
         }
+        CreditRange { best, common }
     }
 
     /// Adds each candidate's share price (see [`super::share`]) to its terms.
@@ -450,6 +481,7 @@ impl Kvgate {
         &self,
         candidates: &[Candidate],
         terms: &[KvgateTerms],
+        credits: CreditRange,
         scores: &[f64],
         concurrent: f64,
         seed: u64,
@@ -457,13 +489,7 @@ impl Kvgate {
         let whole = concurrent.floor();
         let round_up = unit_f64(mix(seed ^ ROUNDING_SALT)) < concurrent - whole;
         let peers = (whole as usize + usize::from(round_up)).min(MAX_PEER_DECISIONS);
-        let (lo, hi) = candidates
-            .iter()
-            .map(|c| self.credit(c))
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
-                (lo.min(x), hi.max(x))
-            });
-        let cold_request = hi <= lo;
+        let cold_request = credits.is_cold();
         let mut burst = Burst::new(
             terms.iter().map(KvgateTerms::cold_cost_ms).collect(),
             terms.iter().map(|t| t.cold_prefill_ms).collect(),
@@ -564,16 +590,19 @@ impl Policy for Kvgate {
     fn forget_instance(&self, instance: crate::InstanceId) {
         self.share.forget(instance);
     }
+    fn decides_with_peers(&self) -> bool {
+        self.with_peers()
+    }
     fn decide(&self, req: &RouteRequest<'_>, candidates: &[Candidate]) -> Option<Decision> {
         if candidates.is_empty() {
             return None;
         }
         let mut terms = Vec::with_capacity(candidates.len());
-        self.terms(req, candidates, &mut terms);
+        let credits = self.terms(req, candidates, &mut terms);
         let scores: Vec<f64> = terms.iter().map(KvgateTerms::cost_ms).collect();
         let concurrent = req.concurrent_decisions * self.params.concurrency_weight;
-        let i = if concurrent >= MIN_CONCURRENT {
-            self.pick_among_peers(candidates, &terms, &scores, concurrent, req.seed)?
+        let i = if self.with_peers() && concurrent >= MIN_CONCURRENT {
+            self.pick_among_peers(candidates, &terms, credits, &scores, concurrent, req.seed)?
         } else {
             self.pick(candidates, &scores, req.seed)?
         };

@@ -144,6 +144,12 @@ pub trait Policy: Send + Sync {
     fn reads_text(&self) -> bool {
         true
     }
+    /// Whether the policy reads [`RouteRequest::concurrent_decisions`]. The router estimates
+    /// the peers' concurrent decisions only for a policy that does (the estimate costs a lock
+    /// and a scan on every decision).
+    fn decides_with_peers(&self) -> bool {
+        false
+    }
     /// Tells the policy where the request went (policies with their own memory update it here).
     fn on_routed(&self, req: &RouteRequest<'_>, chosen: InstanceId) {
         let _ = (req, chosen);
