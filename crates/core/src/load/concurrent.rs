@@ -19,8 +19,9 @@
 //!
 //! the mean taken as an exponentially weighted average over decisions (a single decision's count is
 //! 0 most of the time even in bursts, so it must be averaged). Poisson arrivals at rate `λ` per
-//! replica give `peers × 2λW`: small at the window sizes gossip runs with, so steady traffic is
-//! decided as before.
+//! replica give `peers × 2λW`: small for sparse traffic, but not for a busy fleet (36 requests/s
+//! over 8 replicas with a 100 ms window gives ~6), where steady traffic counts as concurrent too
+//! (measured in docs/gossip.md).
 //!
 //! Invariants: bounded (the last [`RECENT`] decision times); `concurrent` is finite, ≥ 0 and 0
 //! without peers; no clock of its own (callers pass `now`).

@@ -601,7 +601,7 @@ impl Policy for Kvgate {
         let credits = self.terms(req, candidates, &mut terms);
         let scores: Vec<f64> = terms.iter().map(KvgateTerms::cost_ms).collect();
         let concurrent = req.concurrent_decisions * self.params.concurrency_weight;
-        let i = if self.with_peers() && concurrent >= MIN_CONCURRENT {
+        let i = if concurrent >= MIN_CONCURRENT {
             self.pick_among_peers(candidates, &terms, credits, &scores, concurrent, req.seed)?
         } else {
             self.pick(candidates, &scores, req.seed)?
