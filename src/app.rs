@@ -283,6 +283,10 @@ pub fn spawn_background(
             config: state.config.clone(),
             clock: state.clock,
             index: state.routing.index().clone(),
+            tracked_in_flight: {
+                let routing = state.routing.clone();
+                Arc::new(move |id| routing.fleet_in_flight(id))
+            },
         },
         token.clone(),
     );

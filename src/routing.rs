@@ -251,6 +251,13 @@ impl Routing {
         self.router.load()
     }
 
+    /// Requests in flight to `id` from this gateway and, with gossip, its peers.
+    pub fn fleet_in_flight(&self, id: InstanceId) -> u32 {
+        let gossip = self.gossip.get().map(GossipPeers);
+        let peers = gossip.as_ref().map(|g| g as &dyn Peers);
+        kvgate_core::router::fleet_load(self.router.load().snapshot(id), peers, id).in_flight
+    }
+
     /// Forgets a freed instance slot: index entries, capacity, learned rates and what the
     /// policies remember of it.
     pub fn forget_instance(&self, id: InstanceId) {

@@ -130,6 +130,7 @@ fn replay(kind: &str, policy: PolicyName, objective: Objective) {
                     kv_usage: (on as f32 / 16.0).min(1.0),
                     at: now,
                     stale: false,
+                    tracked_in_flight: None,
                 };
                 inst.engine.set(load);
                 sim.set_engine_load(i, load);

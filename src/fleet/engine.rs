@@ -24,6 +24,8 @@ pub struct EngineCell {
     usage: AtomicU32,
     /// Scrape time plus one; 0 = nothing reported yet.
     at_plus_one: AtomicU64,
+    /// `tracked_in_flight` plus one; 0 = not recorded.
+    tracked_plus_one: AtomicU64,
     write: Mutex<()>,
 }
 
@@ -42,6 +44,10 @@ impl EngineCell {
         self.usage.store(load.kv_usage.to_bits(), Ordering::Relaxed);
         self.at_plus_one
             .store(load.at.saturating_add(1), Ordering::Relaxed);
+        self.tracked_plus_one.store(
+            load.tracked_in_flight.map_or(0, |n| u64::from(n) + 1),
+            Ordering::Relaxed,
+        );
         self.seq.store(s.wrapping_add(2), Ordering::Release);
     }
 
@@ -56,6 +62,7 @@ impl EngineCell {
             let counts = self.counts.load(Ordering::Relaxed);
             let usage = self.usage.load(Ordering::Relaxed);
             let at_plus_one = self.at_plus_one.load(Ordering::Relaxed);
+            let tracked_plus_one = self.tracked_plus_one.load(Ordering::Relaxed);
             // The field loads must complete before the count is read again.
             fence(Ordering::Acquire);
             if self.seq.load(Ordering::Relaxed) != before {
@@ -68,6 +75,9 @@ impl EngineCell {
                 kv_usage: f32::from_bits(usage),
                 at,
                 stale: now.saturating_sub(at) > stale_after_ms,
+                tracked_in_flight: tracked_plus_one
+                    .checked_sub(1)
+                    .and_then(|n| u32::try_from(n).ok()),
             });
         }
     }
@@ -85,6 +95,7 @@ mod tests {
             kv_usage: n as f32 / 1000.0,
             at,
             stale: false,
+            tracked_in_flight: n.checked_sub(1),
         }
     }
 
@@ -120,6 +131,7 @@ mod tests {
             assert_eq!(l.waiting, l.running + 1);
             assert_eq!(l.at, u64::from(l.running));
             assert_eq!(l.kv_usage, l.running as f32 / 1000.0);
+            assert_eq!(l.tracked_in_flight, l.running.checked_sub(1));
             reads += 1;
         }
         writer.join().unwrap();

@@ -15,6 +15,7 @@ use ahash::{AHashMap, AHashSet};
 use futures_util::future::join_all;
 use kvgate_core::index::PlacementIndex;
 use kvgate_core::load::EngineLoad;
+use kvgate_core::InstanceId;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +37,9 @@ pub struct Probe {
     pub clock: Clock,
     /// The placement index (engine-reported capacities go there).
     pub index: Arc<PlacementIndex>,
+    /// The router's fleet-wide count of requests in flight to an instance, recorded with each
+    /// scrape (see [`EngineLoad::tracked_in_flight`]).
+    pub tracked_in_flight: Arc<dyn Fn(InstanceId) -> u32 + Send + Sync>,
 }
 
 /// Spawns every probing loop; they stop when `token` is cancelled.
@@ -212,12 +216,16 @@ async fn scrape_loop(p: Probe, token: CancellationToken) {
                 }
                 continue;
             };
+            // Read as the round's reports arrive: the engine counted what the router had sent
+            // by then (requests sent or finished since are in neither count).
+            let tracked = (p.tracked_in_flight)(inst.id);
             inst.engine.set(EngineLoad {
                 running: s.running,
                 waiting: s.waiting,
                 kv_usage: s.kv_usage,
                 at: now,
                 stale: false,
+                tracked_in_flight: Some(tracked),
             });
             if let Some(c) = s.capacity_blocks {
                 // Configured capacity wins over the engine's report.

@@ -78,6 +78,11 @@ pub struct EngineLoad {
     pub at: Millis,
     /// True when older than the configured staleness bound; scorers then ignore it.
     pub stale: bool,
+    /// The router's own fleet-wide count of requests in flight to the instance when the report
+    /// was taken, if the caller recorded it. The report's excess over it is load from elsewhere;
+    /// against the count at decision time instead, the router's own requests finished since the
+    /// report would pass for foreign load on exactly the instances that just emptied.
+    pub tracked_in_flight: Option<u32>,
 }
 
 /// Router-tracked load counters for a fixed-size fleet. Lock-free.

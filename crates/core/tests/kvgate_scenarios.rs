@@ -238,6 +238,7 @@ fn fresh_scrape(running: u32, waiting: u32, kv_usage: f32) -> kvgate_core::load:
         kv_usage,
         at: 0,
         stale: false,
+        tracked_in_flight: None,
     }
 }
 
@@ -260,6 +261,45 @@ fn foreign_engine_queue_counts_as_load() {
         .map(|s| pick(&p, &hashes, &[busy, idle], s))
         .collect();
     assert_eq!(picks.len(), 2);
+}
+
+/// A scrape taken while the router's own requests ran there, read after they finished: compared
+/// with the router's count when it was taken, it holds no foreign work, and the instance that just
+/// emptied is the idle one it is. Work beyond that count is still foreign.
+#[test]
+fn the_routers_own_finished_requests_are_not_foreign_load() {
+    let p = Kvgate::new(KvgateParams::default());
+    let hashes: Vec<u64> = (1..=4).collect();
+    // Instance 0 ran 8 of the router's requests at the scrape; all have finished since.
+    let mut emptied = cand(0, 0, 0, 0);
+    emptied.engine = Some(kvgate_core::load::EngineLoad {
+        tracked_in_flight: Some(8),
+        ..fresh_scrape(8, 0, 0.5)
+    });
+    // Instance 1 streams to one of the router's users.
+    let mut one = cand(1, 0, 0, 1);
+    one.load.decoding = 1;
+    for seed in 0..16 {
+        assert_eq!(pick(&p, &hashes, &[emptied, one], seed), 0);
+    }
+    // Without the count at the scrape, the 8 would pass for another client's work.
+    let mut unrecorded = emptied;
+    unrecorded.engine = unrecorded.engine.map(|e| kvgate_core::load::EngineLoad {
+        tracked_in_flight: None,
+        ..e
+    });
+    for seed in 0..16 {
+        assert_eq!(pick(&p, &hashes, &[unrecorded, one], seed), 1);
+    }
+    // 12 in the engine against 8 of the router's at the scrape: 4 from elsewhere.
+    let mut shared = emptied;
+    shared.engine = Some(kvgate_core::load::EngineLoad {
+        tracked_in_flight: Some(8),
+        ..fresh_scrape(12, 0, 0.5)
+    });
+    for seed in 0..16 {
+        assert_eq!(pick(&p, &hashes, &[shared, one], seed), 1);
+    }
 }
 
 /// A prefix shared by all traffic, held by two instances that are busy (a request prefilling

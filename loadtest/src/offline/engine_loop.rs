@@ -345,6 +345,7 @@ pub fn simulate(
                 if router.scrape_due(now_ms) {
                     for (e, eng) in engines.iter().enumerate() {
                         let l = eng.load();
+                        let tracked = router.in_flight(e);
                         router.set_engine_load(
                             e,
                             EngineLoad {
@@ -353,6 +354,7 @@ pub fn simulate(
                                 kv_usage: l.kv_usage as f32,
                                 at: now_ms,
                                 stale: false,
+                                tracked_in_flight: Some(tracked),
                             },
                         );
                     }

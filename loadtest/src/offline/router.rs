@@ -263,6 +263,15 @@ impl SimRouter {
         }
     }
 
+    /// Requests this router has in flight to `instance` (what a scrape taken now is compared
+    /// against: see [`EngineLoad::tracked_in_flight`]).
+    pub fn in_flight(&self, instance: usize) -> u32 {
+        self.router
+            .load()
+            .snapshot(InstanceId(instance as u32))
+            .in_flight
+    }
+
     /// Marks the scrape at `now` done.
     pub fn scraped(&mut self, now: Millis) {
         self.next_scrape_ms = now + self.settings.scrape_interval_ms;

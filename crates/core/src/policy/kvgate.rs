@@ -120,8 +120,11 @@
 //! cannot see itself ("foreign" load: requests from other clients, or replicas not sharing load).
 //! The router's own counts are updated at dispatch and first token and never lag; a scrape does lag,
 //! so it would keep reporting a request as waiting after it started. Foreign load is therefore the
-//! engine's waiting + running in excess of the router's in-flight count for that instance, taken
-//! from the waiting queue first.
+//! engine's waiting + running in excess of the router's in-flight count for that instance when the
+//! scrape was taken ([`crate::load::EngineLoad::tracked_in_flight`]), taken from the waiting queue
+//! first. Compared with the count at decision time instead, a scrape up to an interval old would
+//! report the router's own requests that finished since as foreign work, on exactly the instances
+//! that just emptied: they would look busy until the next scrape.
 
 use super::concurrent::Burst;
 use super::config::{KvgateParams, Objective};
@@ -564,7 +567,8 @@ struct Foreign {
     running: u32,
 }
 
-/// The fresh scrape's waiting + running beyond the router's in-flight count, waiting first.
+/// The fresh scrape's waiting + running beyond the router's in-flight count when it was taken
+/// (the count now when the scrape did not record it), waiting first.
 fn foreign(c: &Candidate) -> Foreign {
     let Some(e) = c.engine.filter(|e| !e.stale) else {
         return Foreign::default();
@@ -572,7 +576,7 @@ fn foreign(c: &Candidate) -> Foreign {
     let excess = e
         .waiting
         .saturating_add(e.running)
-        .saturating_sub(c.load.in_flight);
+        .saturating_sub(e.tracked_in_flight.unwrap_or(c.load.in_flight));
     let waiting = excess.min(e.waiting);
     Foreign {
         waiting,
@@ -717,6 +721,7 @@ mod tests {
             kv_usage: 0.1,
             at: 0,
             stale: false,
+            tracked_in_flight: None,
         });
         let t = terms(&p, &hashes, &[cand(0, 60, 0, 1), empty]);
         assert!((t[1].fleet_ms - 96.0).abs() < 1e-9, "{:?}", t[1]);
