@@ -159,6 +159,11 @@ fn a_shared_system_prompt_is_not_funnelled_onto_one_instance() {
     assert_eq!(k.completed, k.requests, "{t}");
 }
 
+/// Every request starts with the same system prompt and nothing else is reused: the default
+/// must serve it as well as round robin end to end. Its first tokens may come somewhat later
+/// (at most 15 %): it spares the sequences decoding on a busy instance the stall of another
+/// prefill where a first token elsewhere waits a little longer (measured: 1.11× round robin's
+/// mean TTFT at ~57 % utilisation for 0.99× its mean E2E; the `ttft` objective 1.04× and 0.99×).
 #[test]
 fn a_shared_system_prompt_spreads_like_round_robin() {
     let trace = conversations(240, 1, 4, 3, 40.0, 0.0, 12);
@@ -173,12 +178,12 @@ fn a_shared_system_prompt_spreads_like_round_robin() {
             "an instance left idle:\n{t}"
         );
         assert!(
-            k.ttft_s.mean <= rr.ttft_s.mean * 1.05,
-            "slower than round robin:\n{t}"
+            k.e2e_s.mean <= rr.e2e_s.mean * 1.02,
+            "E2E behind round robin:\n{t}"
         );
         assert!(
-            k.e2e_s.mean <= rr.e2e_s.mean * 1.10,
-            "E2E behind round robin:\n{t}"
+            k.ttft_s.mean <= rr.ttft_s.mean * 1.15,
+            "first tokens well behind round robin:\n{t}"
         );
     }
 }
@@ -245,9 +250,9 @@ fn long_case(
 }
 
 /// The default policy on mostly unrelated long prompts with mixed output lengths (two seeds,
-/// ~75 % and ~93 % round-robin load): mean end-to-end latency no worse than any baseline's, and
-/// prefill work spread evenly — no instance computes more than 1.3× the mean share of the prompt
-/// tokens the fleet computes. (The request share is not bounded here: kvgate sends short prompts
+/// ~75 % and ~93 % round-robin load): mean end-to-end latency at least 10 % below every
+/// baseline's, no request lost, and prefill work spread evenly — no instance computes more than
+/// 1.3× the mean share of the prompt tokens the fleet computes. (The request share is not bounded here: kvgate sends short prompts
 /// where long ones would queue, so request counts follow prompt sizes; see
 /// docs/offline-simulator.md.)
 #[test]
@@ -261,8 +266,8 @@ fn the_default_policy_keeps_e2e_and_spreads_prefill_work_on_long_prompts() {
         for b in LONG_BASELINES {
             let r = by_name(&rs, b);
             assert!(
-                k.e2e_s.mean <= r.e2e_s.mean,
-                "seed {seed}, speed-up {speed_up}: mean E2E behind {b}:\n{t}"
+                k.e2e_s.mean <= r.e2e_s.mean * 0.9,
+                "seed {seed}, speed-up {speed_up}: mean E2E not 10 % below {b}:\n{t}"
             );
         }
         let spread = prefill_share_max_over_mean(&k.instances);
@@ -270,29 +275,5 @@ fn the_default_policy_keeps_e2e_and_spreads_prefill_work_on_long_prompts() {
             spread <= 1.3,
             "seed {seed}, speed-up {speed_up}: busiest prefill share {spread:.2}× the mean:\n{t}"
         );
-    }
-}
-
-/// The `e2e` objective on the same workloads: mean end-to-end latency at least 10 % below every
-/// baseline's, with no request lost.
-#[test]
-fn the_e2e_objective_cuts_mean_e2e_on_long_prompts() {
-    use kvgate_core::policy::{KvgateParams, Objective};
-    for (seed, speed_up) in [(1, 2.1), (2, 3.2)] {
-        let params = KvgateParams {
-            objective: Objective::E2e,
-            ..KvgateParams::default()
-        };
-        let rs = long_case(seed, speed_up, params);
-        let t = table(&rs);
-        let k = by_name(&rs, "kvgate");
-        assert_eq!(k.completed, k.requests, "{t}");
-        for b in LONG_BASELINES {
-            let r = by_name(&rs, b);
-            assert!(
-                k.e2e_s.mean <= r.e2e_s.mean * 0.9,
-                "seed {seed}, speed-up {speed_up}: mean E2E not 10 % below {b}:\n{t}"
-            );
-        }
     }
 }

@@ -92,6 +92,7 @@ fn run(policy: &Kvgate, gap_ms: f64, requests: u64) -> Outcome {
 fn hit_ratio_holds_as_load_rises() {
     let kvgate = Kvgate::new(KvgateParams::default());
     let greedy = Kvgate::new(KvgateParams {
+        objective: kvgate_core::policy::Objective::Ttft,
         fleet_weight: 0.0,
         fleet_load_weight: 0.0,
         ..Default::default()

@@ -188,6 +188,7 @@ fn d_recompute_is_priced_higher_as_load_rises() {
     assert_eq!(pick(&p, &hashes, &heavy, 5), 0);
     // A TTFT-only greedy scorer (no fleet term) would have moved it: the difference is the fleet term.
     let greedy = Kvgate::new(KvgateParams {
+        objective: kvgate_core::policy::Objective::Ttft,
         fleet_weight: 0.0,
         fleet_load_weight: 0.0,
         ..Default::default()

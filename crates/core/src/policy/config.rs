@@ -114,14 +114,15 @@ pub struct PolicyConfig {
 #[serde(rename_all = "snake_case")]
 pub enum Objective {
     /// The request's time to first token, plus the fleet's recompute price and a low-weighted
-    /// stall of the sequences decoding beside it. The default: on the offline workloads of
-    /// docs/offline-simulator.md `e2e` cuts mean end-to-end latency but loses p99 TTFT and
-    /// request-share evenness, and a shared-system-prompt guard.
-    #[default]
+    /// stall of the sequences decoding beside it: the lowest mean TTFT, at the price of mean
+    /// end-to-end latency and request-share evenness (docs/offline-simulator.md).
     Ttft,
     /// Everyone's end-to-end latency: the request's own (first token, then its decode in the batch
     /// it joins) plus what it adds to the requests already there (its prefill stalls their
-    /// steps, its sequence lengthens every later step), and its wait for KV memory.
+    /// steps, its sequence lengthens every later step), and its wait for KV memory. The default:
+    /// users wait for the whole answer, and on the measured workloads it has the lower mean and
+    /// p99 end-to-end latency and the more even request share, for a higher mean TTFT.
+    #[default]
     E2e,
     /// `e2e`, plus a price per request pushed over its time-to-first-token or time-per-output-
     /// token target, so that as many requests as possible meet both.
@@ -143,12 +144,14 @@ impl Objective {
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KvgateParams {
-    /// What the policy minimises. Default `ttft`.
+    /// What the policy minimises. Default `e2e`.
     pub objective: Objective,
     /// Objectives `e2e` and `slo`: weight of the decode terms (the request's own decode in the
     /// batch it joins, and what it adds to the other sequences' decode and to their steps while
-    /// it prefills) against its time to first token. Default 1.0: everyone's milliseconds count
-    /// alike.
+    /// it prefills) against its time to first token. Default 0.5: another user's millisecond
+    /// counts half of this request's own (at 1, everyone's alike, the sum of everyone's latency
+    /// is minimised, but the prices of stalls and slowdowns are only as good as the learned decode
+    /// model, and mean TTFT and p99 TTFT pay more for less).
     pub decode_weight: f64,
     /// Objective `slo`: time-to-first-token target, ms. Default 2000.
     pub ttft_slo_ms: f64,
@@ -215,8 +218,8 @@ pub struct KvgateParams {
 impl Default for KvgateParams {
     fn default() -> Self {
         Self {
-            objective: Objective::Ttft,
-            decode_weight: 1.0,
+            objective: Objective::default(),
+            decode_weight: 0.5,
             ttft_slo_ms: 2000.0,
             tpot_slo_ms: 100.0,
             slo_penalty_ms: 30_000.0,

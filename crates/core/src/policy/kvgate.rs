@@ -21,7 +21,7 @@
 //! `w_c` is the number of requests waiting for their first token on `c`: router-tracked plus
 //! foreign waiting requests; `decoding_c` the sequences past their first token there.
 //!
-//! With the `e2e` objective the cost covers the whole request and what it does to
+//! With the `e2e` objective (the default) the cost covers the whole request and what it does to
 //! the others on `c` (`o` expected output tokens, `ctx` = prompt + o/2 its mean context while
 //! decoding, `K_c` the decoding sequences' total context, `D_c` the learned decode step model
 //! `tpot(seqs, context) = step + per_seq·seqs + per_kctx·context/1000`):
@@ -39,8 +39,8 @@
 //! (spread over their remaining decode). This is what stops a cache-sticky instance from
 //! collecting conversations until it queues for memory.
 //!
-//! `ω` is `decode_weight` (1: every user's milliseconds count alike, so the policy minimises the
-//! sum of everyone's end-to-end latency, the mean E2E); `left_c` the decoding sequences' mean
+//! `ω` is `decode_weight` (default 0.5; at 1 every user's milliseconds count alike, so the policy
+//! minimises the sum of everyone's end-to-end latency, the mean E2E); `left_c` the decoding sequences' mean
 //! remaining output (half their expected totals). The `slo` objective adds `slo_penalty_ms` for
 //! each request pushed past a target: this one if its predicted first token is later than
 //! `ttft_slo_ms` or its pace slower than `tpot_slo_ms`, and each neighbour whose pace this
@@ -800,7 +800,16 @@ mod tests {
 
     #[test]
     fn a_new_replica_of_a_busy_shared_prefix_is_credited_to_the_idle_instance_only() {
-        let p = Kvgate::default();
+        // Under `ttft` the credit makes the idle instance tie exactly with the holders (no one
+        // decodes there to be stalled); the default objective prices the holders' requests in
+        // flight on top, so it goes to the idle instance as well.
+        for seed in 0..16 {
+            let cs = [cand(0, 64, 0, 1), cand(1, 64, 0, 2), cand(2, 0, 0, 0)];
+            let hashes: Vec<u64> = (0..100).collect();
+            let d = Kvgate::default().decide(&req(&hashes, b"", seed), &cs);
+            assert_eq!(d.map(|d| d.chosen.0), Some(2));
+        }
+        let p = ttft_only();
         let hashes: Vec<u64> = (0..100).collect();
         // Two busy holders of 64 blocks: a copy on the empty instance is worth its recompute.
         let cs = [
