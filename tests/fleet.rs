@@ -172,6 +172,14 @@ async fn admin_views_show_load_decisions_and_index() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert_eq!(scraped["instances"][0]["engine"]["waiting"], 2, "{scraped}");
+    // Each report carries the gateway's own in-flight count when it arrived (the one request,
+    // or none once it finished): only the engine's excess over it counts as another client's.
+    assert!(
+        scraped["instances"][0]["engine"]["tracked_in_flight"]
+            .as_u64()
+            .is_some_and(|n| n <= 1),
+        "{scraped}"
+    );
     assert_eq!(
         scraped["instances"][0]["capacity_blocks"], 1000,
         "{scraped}"

@@ -40,8 +40,8 @@
 //! collecting conversations until it queues for memory.
 //!
 //! `ω` is `decode_weight` (default 0.5; at 1 every user's milliseconds count alike, so the policy
-//! minimises the sum of everyone's end-to-end latency, the mean E2E); `left_c` the decoding sequences' mean
-//! remaining output (half their expected totals). The `slo` objective adds `slo_penalty_ms` for
+//! minimises the sum of everyone's end-to-end latency, the mean E2E); `left_c` the decoding
+//! sequences' mean remaining output (half their expected totals). The `slo` objective adds `slo_penalty_ms` for
 //! each request pushed past a target: this one if its predicted first token is later than
 //! `ttft_slo_ms` or its pace slower than `tpot_slo_ms`, and each neighbour whose pace this
 //! request pushes over `tpot_slo_ms`.
