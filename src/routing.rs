@@ -438,11 +438,8 @@ impl Routing {
             if exclude.contains(&id) || !inst.health.usable(now) {
                 return None;
             }
-            if let Some(cap) = full_at {
-                let own = self.router.load().snapshot(id);
-                if kvgate_core::router::fleet_load(own, peers, id).in_flight >= cap {
-                    return None;
-                }
+            if full_at.is_some_and(|cap| self.fleet_in_flight(id) >= cap) {
+                return None;
             }
             Some(Offer {
                 id,

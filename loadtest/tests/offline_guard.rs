@@ -252,9 +252,9 @@ fn long_case(
 /// The default policy on mostly unrelated long prompts with mixed output lengths (two seeds,
 /// ~75 % and ~93 % round-robin load): mean end-to-end latency at least 10 % below every
 /// baseline's, no request lost, and prefill work spread evenly — no instance computes more than
-/// 1.3× the mean share of the prompt tokens the fleet computes. (The request share is not bounded here: kvgate sends short prompts
-/// where long ones would queue, so request counts follow prompt sizes; see
-/// docs/offline-simulator.md.)
+/// 1.3× the mean share of the prompt tokens the fleet computes. (The request share is not bounded
+/// here: kvgate sends short prompts where long ones would queue, so request counts follow prompt
+/// sizes; see docs/offline-simulator.md.)
 #[test]
 fn the_default_policy_keeps_e2e_and_spreads_prefill_work_on_long_prompts() {
     use kvgate_loadtest::offline::instances::prefill_share_max_over_mean;

@@ -41,8 +41,8 @@
 //!
 //! `ω` is `decode_weight` (default 0.5; at 1 every user's milliseconds count alike, so the policy
 //! minimises the sum of everyone's end-to-end latency, the mean E2E); `left_c` the decoding
-//! sequences' mean remaining output (half their expected totals). The `slo` objective adds `slo_penalty_ms` for
-//! each request pushed past a target: this one if its predicted first token is later than
+//! sequences' mean remaining output (half their expected totals). The `slo` objective adds
+//! `slo_penalty_ms` for each request pushed past a target: this one if its predicted first token is later than
 //! `ttft_slo_ms` or its pace slower than `tpot_slo_ms`, and each neighbour whose pace this
 //! request pushes over `tpot_slo_ms`.
 //!
@@ -803,14 +803,13 @@ mod tests {
         // Under `ttft` the credit makes the idle instance tie exactly with the holders (no one
         // decodes there to be stalled); the default objective prices the holders' requests in
         // flight on top, so it goes to the idle instance as well.
+        let hashes: Vec<u64> = (0..100).collect();
+        let cs = [cand(0, 64, 0, 1), cand(1, 64, 0, 2), cand(2, 0, 0, 0)];
         for seed in 0..16 {
-            let cs = [cand(0, 64, 0, 1), cand(1, 64, 0, 2), cand(2, 0, 0, 0)];
-            let hashes: Vec<u64> = (0..100).collect();
             let d = Kvgate::default().decide(&req(&hashes, b"", seed), &cs);
             assert_eq!(d.map(|d| d.chosen.0), Some(2));
         }
         let p = ttft_only();
-        let hashes: Vec<u64> = (0..100).collect();
         // Two busy holders of 64 blocks: a copy on the empty instance is worth its recompute.
         let cs = [
             cand(0, 64, 0, 1),
