@@ -610,9 +610,15 @@ impl Routing {
             return;
         }
         let id = inst.id;
-        let batch = at_first.mean(self.batch(id));
-        self.router
-            .observe_finish(learning.pool, id, output_tokens, decode_ms, batch);
+        let at_end = self.batch(id);
+        self.router.observe_finish(
+            learning.pool,
+            id,
+            output_tokens,
+            decode_ms,
+            at_first,
+            at_end,
+        );
     }
 
     /// Recent decisions, newest last.

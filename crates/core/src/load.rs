@@ -101,6 +101,9 @@ struct Slot {
     decoding: AtomicU32,
     decoding_context_tokens: AtomicU64,
     decoding_output_tokens: AtomicU64,
+    /// Uncached prompt tokens of every request that reached its first token here, ever
+    /// (wrapping): a difference of two reads is the prefill work done between them.
+    prefilled_tokens: AtomicU64,
 }
 
 impl LoadTracker {
@@ -130,6 +133,15 @@ impl LoadTracker {
             },
             None => RouterLoad::default(),
         }
+    }
+    /// Uncached prompt tokens the router's requests have had prefilled on `instance` so far
+    /// (counted at each first token, wrapping; 0 for unknown ids). Decode observations subtract
+    /// the prefill work done beside them: a step that carries a prefill chunk stalls every
+    /// sequence decoding there.
+    pub fn prefilled_tokens(&self, instance: InstanceId) -> u64 {
+        self.slots
+            .get(instance.index())
+            .map_or(0, |s| s.prefilled_tokens.load(Ordering::Relaxed))
     }
     /// Records a dispatch of a request with `uncached_prefill_tokens` to compute and nothing
     /// known of its decode; the returned guard undoes it when dropped.
@@ -198,6 +210,8 @@ impl LoadGuard {
         if let Some(s) = self.slot() {
             s.pending_prefill_tokens
                 .fetch_sub(self.size.uncached_prefill_tokens, Ordering::Relaxed);
+            s.prefilled_tokens
+                .fetch_add(self.size.uncached_prefill_tokens, Ordering::Relaxed);
             s.decoding.fetch_add(1, Ordering::Relaxed);
             s.decoding_context_tokens
                 .fetch_add(self.size.decode_context_tokens, Ordering::Relaxed);
@@ -312,6 +326,10 @@ mod tests {
         drop(g);
         assert_eq!(t.snapshot(i), RouterLoad::default());
         assert_eq!(t.snapshot(InstanceId(0)), RouterLoad::default());
+        // Only the request that reached its first token was prefilled; the count never falls.
+        assert_eq!(t.prefilled_tokens(i), 100);
+        assert_eq!(t.prefilled_tokens(InstanceId(0)), 0);
+        assert_eq!(t.prefilled_tokens(InstanceId(9)), 0);
     }
 
     #[test]

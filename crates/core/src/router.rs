@@ -120,15 +120,24 @@ pub struct BatchSample {
     pub seqs: f64,
     /// Their total context, tokens.
     pub context_tokens: f64,
+    /// Uncached prompt tokens this router's requests had had prefilled on the instance by then
+    /// (a running count: between two samples, the prefill work done beside the decode).
+    pub prefilled_tokens: u64,
 }
 
 impl BatchSample {
-    /// The mean of two samples (at a request's first token and at its end).
+    /// The mean batch over a stream's decode, from samples at its first token and at its end.
     pub fn mean(self, other: BatchSample) -> BatchSample {
         BatchSample {
             seqs: (self.seqs + other.seqs) / 2.0,
             context_tokens: (self.context_tokens + other.context_tokens) / 2.0,
+            prefilled_tokens: other.prefilled_tokens,
         }
+    }
+
+    /// Prefill tokens computed on the instance between `self` and a later sample `end`.
+    pub fn prefilled_until(self, end: BatchSample) -> u64 {
+        end.prefilled_tokens.wrapping_sub(self.prefilled_tokens)
     }
 }
 
@@ -381,6 +390,7 @@ impl Router {
         BatchSample {
             seqs: f64::from(l.decoding),
             context_tokens: l.decoding_context_tokens as f64,
+            prefilled_tokens: self.load.prefilled_tokens(instance),
         }
     }
 
@@ -403,27 +413,44 @@ impl Router {
     }
 
     /// Learns from a finished stream on `instance` of `pool`: `output_tokens` produced,
-    /// `decode_ms` from its first token to its last, in a batch like `batch` on average.
+    /// `decode_ms` from its first token to its last, in the batches sampled `at_first` and
+    /// `at_end`.
+    ///
+    /// The decode step model learns decode steps only: the prefill this router placed on the
+    /// instance meanwhile (at its learned prefill rate) is taken out of `decode_ms`, because a
+    /// step carrying a prefill chunk stalls every sequence decoding there and the policy prices
+    /// that stall separately, per prefill. Left in, it would pass for per-sequence cost (arrivals
+    /// grow with the batch) and price every busy instance's batch twice. At most
+    /// `MAX_STALL_SHARE` of the observed time is taken out: the learned rate may be off, and a
+    /// step is never free.
     pub fn observe_finish(
         &self,
         pool: usize,
         instance: InstanceId,
         output_tokens: u32,
         decode_ms: f64,
-        batch: BatchSample,
+        at_first: BatchSample,
+        at_end: BatchSample,
     ) {
         self.outputs.observe(pool, output_tokens);
+        let batch = at_first.mean(at_end);
+        let prefilled = at_first.prefilled_until(at_end) as f64;
+        let rate = self.rates.rates(instance).prefill_tokens_per_s;
+        let stall_ms = (prefilled * 1e3 / rate).min(MAX_STALL_SHARE * decode_ms);
         self.decode.observe(
             instance,
             DecodeObservation {
                 gaps: output_tokens.saturating_sub(1),
-                decode_ms,
+                decode_ms: decode_ms - stall_ms.max(0.0),
                 seqs: batch.seqs,
                 context_tokens: batch.context_tokens,
             },
         );
     }
 }
+
+/// The largest share of a stream's observed decode time taken to be prefill stalls.
+const MAX_STALL_SHARE: f64 = 0.9;
 
 /// This router's load on `id` plus its peers' shares: the fleet-wide queue. Gossip carries
 /// peers' counts but not their sequences' sizes, so peers' decoding sequences are taken to be
@@ -787,7 +814,8 @@ mod tests {
             own,
             BatchSample {
                 seqs: 1.0,
-                context_tokens: 1050.0
+                context_tokens: 1050.0,
+                prefilled_tokens: 1000,
             }
         );
         let peers = Recorder::default();
@@ -802,17 +830,13 @@ mod tests {
     fn finished_streams_teach_decode_rates_and_output_lengths() {
         let r = router(1);
         let before = r.decode_rates().rates(InstanceId(0));
+        let batch = BatchSample {
+            seqs: 4.0,
+            context_tokens: 40_000.0,
+            prefilled_tokens: 0,
+        };
         for _ in 0..500 {
-            r.observe_finish(
-                0,
-                InstanceId(0),
-                101,
-                100.0 * 40.0,
-                BatchSample {
-                    seqs: 4.0,
-                    context_tokens: 40_000.0,
-                },
-            );
+            r.observe_finish(0, InstanceId(0), 101, 100.0 * 40.0, batch, batch);
         }
         let after = r.decode_rates().rates(InstanceId(0));
         assert!(after.tpot_ms(4.0, 40_000.0) > 2.0 * before.tpot_ms(4.0, 40_000.0));
@@ -822,5 +846,78 @@ mod tests {
         );
         assert!(r.expected_output(0, None) < 200);
         assert_eq!(r.expected_output(0, Some(9)), 9);
+    }
+
+    /// Streams that decoded beside prefills teach the pace of their decode steps, not of the
+    /// stalls: the same steps (40 ms) with 8,000 tokens prefilled beside each stream, at the
+    /// configured 8,000 tokens/s (1 s of stall per stream), are learned at the same pace as
+    /// without them.
+    #[test]
+    fn prefill_stalls_beside_a_stream_are_not_learned_as_decode_pace() {
+        let r = router(1);
+        let rate = r.rates().rates(InstanceId(0)).prefill_tokens_per_s;
+        let stall_ms = 8_000.0 * 1e3 / rate;
+        let at_first = BatchSample {
+            seqs: 4.0,
+            context_tokens: 40_000.0,
+            prefilled_tokens: u64::MAX - 1_000,
+        };
+        // The running count wraps.
+        let at_end = BatchSample {
+            prefilled_tokens: 6_999,
+            ..at_first
+        };
+        assert_eq!(at_first.prefilled_until(at_end), 8_000);
+        for _ in 0..500 {
+            r.observe_finish(
+                0,
+                InstanceId(0),
+                101,
+                100.0 * 40.0 + stall_ms,
+                at_first,
+                at_end,
+            );
+        }
+        let tpot = r.decode_rates().rates(InstanceId(0)).tpot_ms(4.0, 40_000.0);
+        assert!((tpot - 40.0).abs() < 4.0, "{tpot}");
+        // Taken whole, the stalls would have read as 50 ms steps.
+        let naive = router(1);
+        for _ in 0..500 {
+            naive.observe_finish(
+                0,
+                InstanceId(0),
+                101,
+                100.0 * 40.0 + stall_ms,
+                at_first,
+                at_first,
+            );
+        }
+        let naive = naive
+            .decode_rates()
+            .rates(InstanceId(0))
+            .tpot_ms(4.0, 40_000.0);
+        assert!(naive > tpot + 0.5 * stall_ms / 100.0, "{naive} vs {tpot}");
+    }
+
+    /// A prefill count beyond what the observed time allows (a learned rate too low) never
+    /// makes a decode look free.
+    #[test]
+    fn an_overestimated_stall_leaves_part_of_the_observed_time() {
+        let r = router(1);
+        let at_first = BatchSample {
+            seqs: 1.0,
+            context_tokens: 1_000.0,
+            prefilled_tokens: 0,
+        };
+        let at_end = BatchSample {
+            prefilled_tokens: 100_000_000,
+            ..at_first
+        };
+        for _ in 0..500 {
+            r.observe_finish(0, InstanceId(0), 101, 1_000.0, at_first, at_end);
+        }
+        let tpot = r.decode_rates().rates(InstanceId(0)).tpot_ms(1.0, 1_000.0);
+        assert!(tpot > 0.5, "{tpot}");
+        assert!(tpot.is_finite());
     }
 }

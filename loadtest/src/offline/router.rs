@@ -366,9 +366,9 @@ impl SimRouter {
         if let (Some((first_ms, at_first)), true) =
             (live.first_token, self.settings.learn_rates.is_some())
         {
-            let batch = at_first.mean(self.router.batch(inst, None));
+            let at_end = self.router.batch(inst, None);
             self.router
-                .observe_finish(0, inst, output_tokens, now_ms - first_ms, batch);
+                .observe_finish(0, inst, output_tokens, now_ms - first_ms, at_first, at_end);
         }
     }
 

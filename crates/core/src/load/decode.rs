@@ -15,7 +15,10 @@
 //! Fit: the same regression as the prefill rates ([`super::fit`]): least squares with exponential
 //! forgetting, clipped residuals, per-instance fits anchored on a fleet-wide one (`pool_weight`),
 //! so hardware that decodes slower departs from the fleet as its own evidence accumulates. One
-//! observation per finished stream: its mean inter-token time against the batch it decoded in.
+//! observation per finished stream: its mean inter-token time against the batch it decoded in,
+//! after the caller has taken out the prefill stalls it sat through (the router's own prefills on
+//! the instance meanwhile, at the learned prefill rate: `Router::observe_finish`). The model is of
+//! decode steps alone; what a prefill does to the sequences beside it is priced per prefill.
 //!
 //! Invariants: pure (no clock); bounded (one entry per instance, ids beyond
 //! [`crate::index::MAX_INSTANCES`] ignored); rates always finite, non-negative and bounded.
