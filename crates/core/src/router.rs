@@ -126,7 +126,8 @@ pub struct BatchSample {
 }
 
 impl BatchSample {
-    /// The mean batch over a stream's decode, from samples at its first token and at its end.
+    /// The mean batch over a stream's decode, from samples at its first token and at its end
+    /// (`other`, whose running prefill count it keeps).
     pub fn mean(self, other: BatchSample) -> BatchSample {
         BatchSample {
             seqs: (self.seqs + other.seqs) / 2.0,
