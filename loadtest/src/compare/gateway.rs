@@ -97,12 +97,14 @@ impl InProcessGateway {
     /// Engines that run `time_scale` times faster than real would see replicas that share
     /// decisions and load `time_scale` times less often than in production, so the two gossip
     /// intervals that carry them (`flush_interval_ms`, `load_interval_ms`) are divided by it
-    /// (at least 1 ms); membership timing is left as configured.
+    /// (at least 1 ms); membership timing is left as configured. The routing model's
+    /// engine-time settings are converted too ([`in_wall_time`]), for one gateway as for many.
     pub async fn start_replicas(
-        cfg: Config,
+        mut cfg: Config,
         n: usize,
         time_scale: f64,
     ) -> Result<Vec<Self>, GatewayStartError> {
+        in_wall_time(&mut cfg, time_scale);
         if n <= 1 {
             return Ok(vec![Self::start(cfg).await?]);
         }
@@ -170,6 +172,40 @@ const REPLICA_SECRET: &str = "kvgate-loadtest-replicas-0123456789";
 /// How long replicas may take to start and join.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Converts the routing model's engine-time quantities to wall time for engines that run
+/// `time_scale` times faster than real: the learned rates' starting points and bounds (prefill
+/// tokens/s, decode step costs, interference, overhead) and the policy's prices and targets in
+/// ms. The gateway measures in wall time, so a configuration meant for real engines would start
+/// its rates `time_scale` times too slow; learning corrects that only after hundreds of
+/// requests, and a replay of a few hundred would be routed by the configured starting points
+/// instead of what the engines do. At `time_scale` ≤ 1 (or not finite) nothing changes.
+pub fn in_wall_time(cfg: &mut Config, time_scale: f64) {
+    if !(time_scale.is_finite() && time_scale > 1.0) {
+        return;
+    }
+    let t = time_scale;
+    let r = &mut cfg.routing.rates;
+    r.prefill_tokens_per_s *= t;
+    r.min_prefill_tokens_per_s *= t;
+    r.max_prefill_tokens_per_s *= t;
+    r.decode_interference_ms /= t;
+    r.max_decode_interference_ms /= t;
+    r.overhead_ms /= t;
+    r.max_overhead_ms /= t;
+    let d = &mut cfg.routing.decode_rates;
+    d.step_ms /= t;
+    d.per_seq_ms /= t;
+    d.per_kctx_ms /= t;
+    d.max_step_ms /= t;
+    d.max_per_seq_ms /= t;
+    d.max_per_kctx_ms /= t;
+    let k = &mut cfg.routing.policy.kvgate;
+    k.ttft_slo_ms /= t;
+    k.tpot_slo_ms /= t;
+    k.slo_penalty_ms /= t;
+    k.tie_epsilon_ms /= t;
+}
+
 /// `ms` of wall time at `time_scale`: the same span of engine time, at least 1 ms.
 fn scaled_ms(ms: u64, time_scale: f64) -> u64 {
     if !(time_scale.is_finite() && time_scale > 1.0) {
@@ -201,7 +237,45 @@ pub async fn stop_all(replicas: Vec<InProcessGateway>) {
 
 #[cfg(test)]
 mod tests {
-    use super::scaled_ms;
+    use super::{in_wall_time, scaled_ms};
+    use kvgate::config::Config;
+
+    #[test]
+    fn the_routing_model_starts_in_the_engines_time() {
+        let base = Config::default();
+        let mut c = base.clone();
+        in_wall_time(&mut c, 4.0);
+        let (r, r0) = (&c.routing.rates, &base.routing.rates);
+        assert_eq!(r.prefill_tokens_per_s, r0.prefill_tokens_per_s * 4.0);
+        assert_eq!(
+            r.max_prefill_tokens_per_s,
+            r0.max_prefill_tokens_per_s * 4.0
+        );
+        assert_eq!(r.overhead_ms, r0.overhead_ms / 4.0);
+        let (d, d0) = (&c.routing.decode_rates, &base.routing.decode_rates);
+        assert_eq!(
+            d.initial().tpot_ms(8.0, 64_000.0),
+            d0.initial().tpot_ms(8.0, 64_000.0) / 4.0
+        );
+        assert_eq!(
+            c.routing.policy.kvgate.ttft_slo_ms,
+            base.routing.policy.kvgate.ttft_slo_ms / 4.0
+        );
+        // Dimensionless settings and everything outside the routing model stay as configured.
+        assert_eq!(r.forgetting, r0.forgetting);
+        assert_eq!(
+            c.routing.policy.kvgate.decode_weight,
+            base.routing.policy.kvgate.decode_weight
+        );
+        assert_eq!(c.load.poll_interval_ms, base.load.poll_interval_ms);
+        assert!(c.validate().is_ok());
+        for t in [1.0, 0.5, f64::NAN] {
+            let mut same = base.clone();
+            in_wall_time(&mut same, t);
+            assert_eq!(same.routing.rates, base.routing.rates, "time scale {t}");
+            assert_eq!(same.routing.policy.kvgate, base.routing.policy.kvgate);
+        }
+    }
 
     #[test]
     fn gossip_intervals_follow_the_engines_time_scale() {
