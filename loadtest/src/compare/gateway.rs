@@ -180,10 +180,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(15);
 /// requests, and a replay of a few hundred would be routed by the configured starting points
 /// instead of what the engines do. At `time_scale` ≤ 1 (or not finite) nothing changes.
 pub fn in_wall_time(cfg: &mut Config, time_scale: f64) {
-    if !(time_scale.is_finite() && time_scale > 1.0) {
+    let Some(t) = faster_than_real(time_scale) else {
         return;
-    }
-    let t = time_scale;
+    };
     let r = &mut cfg.routing.rates;
     r.prefill_tokens_per_s *= t;
     r.min_prefill_tokens_per_s *= t;
@@ -208,10 +207,16 @@ pub fn in_wall_time(cfg: &mut Config, time_scale: f64) {
 
 /// `ms` of wall time at `time_scale`: the same span of engine time, at least 1 ms.
 fn scaled_ms(ms: u64, time_scale: f64) -> u64 {
-    if !(time_scale.is_finite() && time_scale > 1.0) {
-        return ms;
+    match faster_than_real(time_scale) {
+        Some(t) => ((ms as f64 / t).round() as u64).max(1),
+        None => ms,
     }
-    ((ms as f64 / time_scale).round() as u64).max(1)
+}
+
+/// The time scale when engines run faster than real (finite and above 1): the only case in
+/// which engine time and wall time differ.
+fn faster_than_real(time_scale: f64) -> Option<f64> {
+    (time_scale.is_finite() && time_scale > 1.0).then_some(time_scale)
 }
 
 /// Polls `probe` every 10 ms until it answers, for at most [`START_TIMEOUT`].
