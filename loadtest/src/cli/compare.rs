@@ -69,8 +69,11 @@ pub struct CompareArgs {
     /// Stop sending after this many wall-clock seconds per contender.
     #[arg(long)]
     pub max_duration_s: Option<f64>,
-    /// Most requests in flight per contender.
-    #[arg(long, default_value_t = 512)]
+    /// Most requests in flight per contender. A replay is open-loop: a request that finds the
+    /// cap reached is sent late, which throttles the very backlog being measured (the summary
+    /// flags a run whose sends lagged). Each request in flight holds up to four sockets in this
+    /// process with an in-process kvgate, so `ulimit -n` must allow four times this.
+    #[arg(long, default_value_t = 4096)]
     pub concurrency: usize,
     /// Per-request timeout, wall-clock seconds.
     #[arg(long, default_value_t = 300.0)]

@@ -86,6 +86,7 @@ pub fn render(contenders: &[ContenderResult]) -> String {
                 p.ratio_p90
             ));
         }
+        parts.extend(send_lag_note(s.mean_send_lag_s));
         if let Some(f) = c.fleet.as_ref().filter(|f| f.sim_steps > 0.0) {
             parts.push(format!(
                 "simulated engines woke {:.1} ms (model) late per step on average, skipped {:.2} s",
@@ -127,4 +128,36 @@ pub fn render(contenders: &[ContenderResult]) -> String {
         }
     }
     out
+}
+
+/// Mean send lag (model seconds) above which a run is flagged: the replay client's own
+/// scheduling costs a few ms per request at `--time-scale 4` (~1 ms at 1), far below this.
+const SEND_LAG_NOTE_S: f64 = 0.02;
+
+/// A note when the client sent requests later than the workload scheduled them: arrivals were
+/// throttled (the concurrency cap was reached, or the client was short of CPU), so the contender
+/// saw a gentler load than the workload's and its latencies exclude the wait. Without the note
+/// a slow contender looks better than it is, since the cap holds back exactly its backlog.
+fn send_lag_note(mean_send_lag_s: f64) -> Option<String> {
+    (mean_send_lag_s > SEND_LAG_NOTE_S).then(|| {
+        format!(
+            "sent {} s late on average: arrivals were held back (raise --concurrency, or the \
+             client is short of CPU), so this load was gentler than the workload's and latencies \
+             exclude the wait",
+            secs(mean_send_lag_s)
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::send_lag_note;
+
+    #[test]
+    fn a_throttled_replay_is_flagged_and_one_on_schedule_is_not() {
+        assert_eq!(send_lag_note(0.004), None);
+        let note = send_lag_note(6.25).unwrap_or_default();
+        assert!(note.starts_with("sent 6.250 s late on average"), "{note}");
+        assert!(note.contains("--concurrency"), "{note}");
+    }
 }
