@@ -174,8 +174,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Converts the routing model's engine-time quantities to wall time for engines that run
 /// `time_scale` times faster than real: the learned rates' starting points and bounds (prefill
-/// tokens/s, decode step costs, interference, overhead) and the policy's prices and targets in
-/// ms. The gateway measures in wall time, so a configuration meant for real engines would start
+/// tokens/s, decode step costs, interference, overhead), the policy's prices and targets in
+/// ms, and the engine-load scrape interval and staleness bound. The gateway measures in wall time, so a configuration meant for real engines would start
 /// its rates `time_scale` times too slow; learning corrects that only after hundreds of
 /// requests, and a replay of a few hundred would be routed by the configured starting points
 /// instead of what the engines do. At `time_scale` ≤ 1 (or not finite) nothing changes.
@@ -198,6 +198,11 @@ pub fn in_wall_time(cfg: &mut Config, time_scale: f64) {
     d.max_step_ms /= t;
     d.max_per_seq_ms /= t;
     d.max_per_kctx_ms /= t;
+    // Engine load is scraped at the offline simulator's cadence in engine time; the scrape
+    // timeout bounds I/O, which runs in wall time, and stays as configured.
+    let l = &mut cfg.load;
+    l.poll_interval_ms = scaled_ms(l.poll_interval_ms, t);
+    l.stale_after_ms = scaled_ms(l.stale_after_ms, t);
     let k = &mut cfg.routing.policy.kvgate;
     k.ttft_slo_ms /= t;
     k.tpot_slo_ms /= t;
@@ -272,13 +277,18 @@ mod tests {
             c.routing.policy.kvgate.decode_weight,
             base.routing.policy.kvgate.decode_weight
         );
-        assert_eq!(c.load.poll_interval_ms, base.load.poll_interval_ms);
+        // Load is scraped as often in engine time as the offline simulator scrapes it; the
+        // scrape's own timeout is I/O and stays.
+        assert_eq!(c.load.poll_interval_ms, base.load.poll_interval_ms / 4);
+        assert_eq!(c.load.stale_after_ms, base.load.stale_after_ms / 4);
+        assert_eq!(c.load.timeout_ms, base.load.timeout_ms);
         assert!(c.validate().is_ok());
         for t in [1.0, 0.5, f64::NAN] {
             let mut same = base.clone();
             in_wall_time(&mut same, t);
             assert_eq!(same.routing.rates, base.routing.rates, "time scale {t}");
             assert_eq!(same.routing.policy.kvgate, base.routing.policy.kvgate);
+            assert_eq!(same.load, base.load);
         }
     }
 

@@ -94,8 +94,9 @@ pub struct OfflineArgs {
     /// frees memory; the gateway sweeps every second of wall time).
     #[arg(long, default_value_t = 60_000)]
     pub expire_interval_ms: u64,
-    /// Engine metrics scrape interval in virtual ms (0 = never scraped).
-    #[arg(long, default_value_t = 1000)]
+    /// Engine metrics scrape interval in virtual ms (0 = never scraped; default: the gateway's
+    /// `[load] poll_interval_ms`).
+    #[arg(long, default_value_t = kvgate::config::LoadConfig::default().poll_interval_ms)]
     pub scrape_interval_ms: u64,
     /// Skip the no-queue TTFT floor (the slowest reference).
     #[arg(long)]
