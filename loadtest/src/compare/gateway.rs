@@ -175,10 +175,11 @@ const START_TIMEOUT: Duration = Duration::from_secs(15);
 /// Converts the routing model's engine-time quantities to wall time for engines that run
 /// `time_scale` times faster than real: the learned rates' starting points and bounds (prefill
 /// tokens/s, decode step costs, interference, overhead), the policy's prices and targets in
-/// ms, and the engine-load scrape interval and staleness bound. The gateway measures in wall time, so a configuration meant for real engines would start
-/// its rates `time_scale` times too slow; learning corrects that only after hundreds of
-/// requests, and a replay of a few hundred would be routed by the configured starting points
-/// instead of what the engines do. At `time_scale` ≤ 1 (or not finite) nothing changes.
+/// ms, and the engine-load scrape interval and staleness bound. The gateway measures in wall
+/// time, so a configuration meant for real engines would start its rates `time_scale` times
+/// too slow; learning corrects that only after hundreds of requests, and a replay of a few
+/// hundred would be routed by the configured starting points instead of what the engines do.
+/// At `time_scale` ≤ 1 (or not finite) nothing changes.
 pub fn in_wall_time(cfg: &mut Config, time_scale: f64) {
     let Some(t) = faster_than_real(time_scale) else {
         return;
