@@ -94,11 +94,8 @@ impl InProcessGateway {
     /// (placements and load; each still subscribes to every engine's KV events itself), and
     /// waits until each sees the other `n − 1` as live members. `n = 1` is [`Self::start`].
     ///
-    /// Engines that run `time_scale` times faster than real would see replicas that share
-    /// decisions and load `time_scale` times less often than in production, so the two gossip
-    /// intervals that carry them (`flush_interval_ms`, `load_interval_ms`) are divided by it
-    /// (at least 1 ms); membership timing is left as configured. The routing model's
-    /// engine-time settings are converted too ([`in_wall_time`]), for one gateway as for many.
+    /// Every engine-time setting, the gossip intervals included, is converted to wall time at
+    /// `time_scale` ([`in_wall_time`]), for one gateway as for many.
     pub async fn start_replicas(
         mut cfg: Config,
         n: usize,
@@ -117,8 +114,6 @@ impl InProcessGateway {
             c.gossip.secret = REPLICA_SECRET.to_string();
             c.gossip.seeds = seed.iter().map(ToString::to_string).collect();
             c.gossip.prediction_ttl_ms = c.routing.predicted_ttl_ms;
-            c.gossip.flush_interval_ms = scaled_ms(c.gossip.flush_interval_ms, time_scale);
-            c.gossip.load_interval_ms = scaled_ms(c.gossip.load_interval_ms, time_scale);
             let g = match Self::start(c).await {
                 Ok(g) => g,
                 Err(e) => {
@@ -175,11 +170,13 @@ const START_TIMEOUT: Duration = Duration::from_secs(15);
 /// Converts the routing model's engine-time quantities to wall time for engines that run
 /// `time_scale` times faster than real: the learned rates' starting points and bounds (prefill
 /// tokens/s, decode step costs, interference, overhead), the policy's prices and targets in
-/// ms, and the engine-load scrape interval and staleness bound. The gateway measures in wall
-/// time, so a configuration meant for real engines would start its rates `time_scale` times
-/// too slow; learning corrects that only after hundreds of requests, and a replay of a few
-/// hundred would be routed by the configured starting points instead of what the engines do.
-/// At `time_scale` ≤ 1 (or not finite) nothing changes.
+/// ms, the engine-load scrape interval and staleness bound, and the two gossip intervals that
+/// carry decisions and load between replicas (`flush_interval_ms`, `load_interval_ms`; at least
+/// 1 ms; membership timing stays as configured). The gateway measures in wall time, so a
+/// configuration meant for real engines would start its rates `time_scale` times too slow;
+/// learning corrects that only after hundreds of requests, and a replay of a few hundred would
+/// be routed by the configured starting points instead of what the engines do. At
+/// `time_scale` ≤ 1 (or not finite) nothing changes.
 pub fn in_wall_time(cfg: &mut Config, time_scale: f64) {
     let Some(t) = faster_than_real(time_scale) else {
         return;
@@ -204,6 +201,9 @@ pub fn in_wall_time(cfg: &mut Config, time_scale: f64) {
     let l = &mut cfg.load;
     l.poll_interval_ms = scaled_ms(l.poll_interval_ms, t);
     l.stale_after_ms = scaled_ms(l.stale_after_ms, t);
+    let g = &mut cfg.gossip;
+    g.flush_interval_ms = scaled_ms(g.flush_interval_ms, t);
+    g.load_interval_ms = scaled_ms(g.load_interval_ms, t);
     let k = &mut cfg.routing.policy.kvgate;
     k.ttft_slo_ms /= t;
     k.tpot_slo_ms /= t;
@@ -283,6 +283,10 @@ mod tests {
         assert_eq!(c.load.poll_interval_ms, base.load.poll_interval_ms / 4);
         assert_eq!(c.load.stale_after_ms, base.load.stale_after_ms / 4);
         assert_eq!(c.load.timeout_ms, base.load.timeout_ms);
+        assert_eq!(
+            c.gossip.load_interval_ms,
+            scaled_ms(base.gossip.load_interval_ms, 4.0)
+        );
         assert!(c.validate().is_ok());
         for t in [1.0, 0.5, f64::NAN] {
             let mut same = base.clone();
@@ -290,6 +294,7 @@ mod tests {
             assert_eq!(same.routing.rates, base.routing.rates, "time scale {t}");
             assert_eq!(same.routing.policy.kvgate, base.routing.policy.kvgate);
             assert_eq!(same.load, base.load);
+            assert_eq!(same.gossip, base.gossip);
         }
     }
 

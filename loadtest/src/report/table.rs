@@ -130,7 +130,8 @@ pub fn render(contenders: &[ContenderResult]) -> String {
     out
 }
 
-/// Mean send lag (model seconds) above which a run is flagged: the replay client's own
+/// Mean send lag (in the summary's seconds: model time unless `--wall-time`) above which a run
+/// is flagged: the replay client's own
 /// scheduling costs a few ms per request at `--time-scale 4` (~1 ms at 1), far below this.
 const SEND_LAG_NOTE_S: f64 = 0.02;
 
