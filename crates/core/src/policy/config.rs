@@ -213,6 +213,16 @@ pub struct KvgateParams {
     /// bursty traffic it keeps the replicas' hit ratio and lowers their TTFT, at a few percent of
     /// mean end-to-end latency (docs/gossip.md).
     pub concurrency_weight: f64,
+    /// Objectives `e2e` and `slo`: how much a request larger than its neighbours discounts
+    /// their delays (`τ`): each neighbour's stall and slowdown counts
+    /// `min(1, (s_neighbour / s_own)^τ)`, at least 1/4, where `s` is a request's time alone on
+    /// the instance (its prefill plus its decode at an empty batch's pace). At 0 every user's
+    /// milliseconds count alike, which minimises their sum and sorts requests by size: a long
+    /// prompt, whose prefill stalls every neighbour, avoids busy instances for the few with few
+    /// neighbours, where it queues behind other long prompts and decodes among long contexts —
+    /// the p99 end-to-end latency. Above 0 a long request weighs its own wait more, trading
+    /// some mean latency for the tail (docs/offline-simulator.md). Default 0.
+    pub size_weight: f64,
 }
 
 impl Default for KvgateParams {
@@ -238,6 +248,7 @@ impl Default for KvgateParams {
             max_share: 0.0,
             share_price: 0.2,
             concurrency_weight: 0.0,
+            size_weight: 0.0,
         }
     }
 }
@@ -285,6 +296,7 @@ impl KvgateParams {
             ("slo_penalty_ms", self.slo_penalty_ms),
             ("share_price", self.share_price),
             ("concurrency_weight", self.concurrency_weight),
+            ("size_weight", self.size_weight),
         ];
         for (field, v) in non_negative {
             if !(v.is_finite() && v >= 0.0) {
@@ -459,6 +471,11 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(bad.validate().map_err(|e| e.field), Err("cpu_credit"));
+        let bad = KvgateParams {
+            size_weight: f64::INFINITY,
+            ..Default::default()
+        };
+        assert_eq!(bad.validate().map_err(|e| e.field), Err("size_weight"));
     }
 
     #[test]

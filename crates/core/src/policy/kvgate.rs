@@ -41,7 +41,13 @@
 //!
 //! `ω` is `decode_weight` (default 0.5; at 1 every user's milliseconds count alike, so the policy
 //! minimises the sum of everyone's end-to-end latency, the mean E2E); `left_c` the decoding
-//! sequences' mean remaining output (half their expected totals). The `slo` objective adds
+//! sequences' mean remaining output (half their expected totals). With `size_weight` `τ > 0`,
+//! `stall_c` and `impact_c` are multiplied by `min(1, (s_n / s_r)^τ)` (at least 1/4), `s` being a
+//! request's time alone on `c` and `n` the batch's mean sequence: a request larger than its
+//! neighbours discounts their delays. A sum of latencies is minimised by sorting requests by
+//! size, which leaves the largest ones (a long prompt stalls every neighbour, so it avoids busy
+//! instances for the few with few neighbours and queues there behind other long prompts) with
+//! the p99; the discount trades some of the mean for that tail. The `slo` objective adds
 //! `slo_penalty_ms` for each request pushed past a target: this one if its predicted first token is later than
 //! `ttft_slo_ms` or its pace slower than `tpot_slo_ms`, and each neighbour whose pace this
 //! request pushes over `tpot_slo_ms`.
@@ -342,7 +348,13 @@ impl Kvgate {
             let added = c.decode.added_per_step_ms(own_ctx);
             let tpot_ms = tpot_before + added;
             let decode_ms = omega * (output - 1.0) * (tpot_ms - pace_floor).max(0.0);
-            let impact_ms = omega * sharing * added * output.min(batch.mean_left_tokens);
+            let sized = if whole {
+                batch.neighbour_weight(c, sharing, prompt, output, p.size_weight)
+            } else {
+                1.0
+            };
+            let stall_ms = stall_ms * sized;
+            let impact_ms = sized * omega * sharing * added * output.min(batch.mean_left_tokens);
             let slo_ms = if p.objective == Objective::Slo {
                 let mut missed = f64::from(u8::from(ttft_ms > p.ttft_slo_ms))
                     + f64::from(u8::from(tpot_ms > p.tpot_slo_ms));
@@ -400,6 +412,35 @@ struct Batch {
 }
 
 impl Batch {
+    /// Weight of a neighbour's delay against this request's own under `size_weight` `τ`:
+    /// `min(1, (s_neighbour / s_own)^τ)`, at least `MIN_SIZE_WEIGHT`, `s` being a request's time
+    /// alone on `c` (its prefill at `c`'s rate plus its decode at an empty batch's pace). A
+    /// neighbour is the batch's mean sequence: its prompt is its mean context less half its
+    /// expected output. 1 at `τ = 0`, without neighbours, or for a request no larger than them.
+    fn neighbour_weight(
+        &self,
+        c: &Candidate,
+        sharing: f64,
+        prompt: f64,
+        output: f64,
+        tau: f64,
+    ) -> f64 {
+        if tau <= 0.0 || sharing <= 0.0 {
+            return 1.0;
+        }
+        let rate_per_ms = c.rates.prefill_tokens_per_s.max(1.0) / 1000.0;
+        let alone = |prompt: f64, output: f64| {
+            prompt / rate_per_ms + output * c.decode.tpot_ms(1.0, prompt + output / 2.0)
+        };
+        let mean_out = 2.0 * self.mean_left_tokens;
+        let mean_prompt = (self.context_tokens / sharing - self.mean_left_tokens).max(0.0);
+        let (theirs, own) = (alone(mean_prompt, mean_out), alone(prompt, output));
+        if !(theirs > 0.0 && own > 0.0) {
+            return 1.0;
+        }
+        (theirs / own).powf(tau).clamp(MIN_SIZE_WEIGHT, 1.0)
+    }
+
     /// Time this request waits for KV memory on `c`: when the batch's context plus its own
     /// exceeds the instance's KV capacity, the excess has to be freed by sequences finishing,
     /// which finish spread over their remaining decode (about twice their mean remaining output
@@ -529,6 +570,11 @@ impl Kvgate {
         .or_else(|| self.pick(candidates, scores, seed))
     }
 }
+
+/// Least weight of a neighbour's delay under `size_weight`: below it the estimate of the
+/// neighbours' sizes (their mean) is too coarse to price one user's time a small fraction of
+/// another's.
+const MIN_SIZE_WEIGHT: f64 = 0.25;
 
 /// Peers' concurrent decisions placed at most (a bound on the work of one decision).
 const MAX_PEER_DECISIONS: usize = 64;
@@ -899,6 +945,81 @@ mod tests {
         }
         // Time to first token cannot tell them apart: seeded ties split the traffic.
         assert!(ttft_picks[0] > 0 && ttft_picks[1] > 0, "{ttft_picks:?}");
+    }
+
+    fn sized(tau: f64) -> Kvgate {
+        Kvgate::new(KvgateParams {
+            objective: Objective::E2e,
+            size_weight: tau,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_request_larger_than_its_neighbours_weighs_their_delays_less_under_size_weight() {
+        // 32K prompt tokens, 800 output tokens. A: nothing queued, 12 short sequences streaming
+        // (2K context each); B: 8 s of prefill queued behind one long sequence (30K context).
+        let hashes: Vec<u64> = (0..2000).collect();
+        let mut r = req(&hashes, b"", 1);
+        r.expected_output_tokens = 800;
+        let cs = [streaming(0, 0, 12, 2_000), streaming(1, 80_000, 1, 30_000)];
+        let mut plain = Vec::new();
+        sized(0.0).terms(&r, &cs, &mut plain);
+        let mut weighed = Vec::new();
+        sized(1.0).terms(&r, &cs, &mut weighed);
+        // At 0 its prefill stalling the twelve outprices B's queue: it goes to queue there.
+        // Weighed by size (its time alone is ~10× theirs: clamped to 1/4) it stays on A.
+        assert!(
+            (weighed[0].stall_ms - 0.25 * plain[0].stall_ms).abs() < 1e-9,
+            "{weighed:?}"
+        );
+        assert!((weighed[0].impact_ms - 0.25 * plain[0].impact_ms).abs() < 1e-9);
+        assert!(
+            weighed[1].stall_ms < plain[1].stall_ms
+                && weighed[1].stall_ms > 0.25 * plain[1].stall_ms
+        );
+        // Its own terms are not weighed.
+        assert_eq!(
+            (weighed[0].ttft_ms, weighed[0].decode_ms),
+            (plain[0].ttft_ms, plain[0].decode_ms)
+        );
+        for seed in 0..16 {
+            r.seed = seed;
+            assert_eq!(sized(0.0).decide(&r, &cs).map(|d| d.chosen.0), Some(1));
+            assert_eq!(sized(1.0).decide(&r, &cs).map(|d| d.chosen.0), Some(0));
+        }
+    }
+
+    #[test]
+    fn a_request_no_larger_than_its_neighbours_is_priced_alike_at_any_size_weight() {
+        let hashes: Vec<u64> = (0..10).collect();
+        let r = req(&hashes, b"", 1);
+        let cs = [
+            streaming(0, 0, 12, 20_000),
+            streaming(1, 8_000, 3, 30_000),
+            cand(2, 0, 0, 0),
+        ];
+        let mut plain = Vec::new();
+        sized(0.0).terms(&r, &cs, &mut plain);
+        let mut weighed = Vec::new();
+        sized(2.0).terms(&r, &cs, &mut weighed);
+        assert_eq!(plain, weighed);
+        // And the objective `ttft` never reads it.
+        let ttft = |tau| {
+            let p = Kvgate::new(KvgateParams {
+                objective: Objective::Ttft,
+                size_weight: tau,
+                ..Default::default()
+            });
+            let mut out = Vec::new();
+            p.terms(
+                &req(&(0..2000).collect::<Vec<u64>>(), b"", 1),
+                &cs,
+                &mut out,
+            );
+            out
+        };
+        assert_eq!(ttft(0.0), ttft(1.0));
     }
 
     #[test]
