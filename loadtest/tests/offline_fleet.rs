@@ -157,6 +157,7 @@ fn the_cli_runs_a_mixed_fleet_on_a_synthetic_workload() {
         instances: false,
         jobs: Some(2),
         json: None,
+        records: None,
     };
     let report = run_cli(args(RatesMode::Learned)).expect("offline run");
     let p = &report.params;

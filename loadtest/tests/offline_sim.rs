@@ -126,6 +126,7 @@ fn cli_writes_a_json_report() {
     let dir = std::env::temp_dir().join(format!("kvgate-offline-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let out = dir.join("report.json");
+    let records = dir.join("records.jsonl");
     let args = OfflineArgs {
         trace: Some(data("conversation_slice.jsonl")),
         synth: None,
@@ -152,6 +153,7 @@ fn cli_writes_a_json_report() {
         instances: false,
         jobs: Some(2),
         json: Some(out.clone()),
+        records: Some(records.clone()),
     };
     let report = run_cli(args).expect("cli run");
     let parsed: OfflineReport =
@@ -162,6 +164,35 @@ fn cli_writes_a_json_report() {
     assert_eq!(parsed.results[0].policy, "kvgate");
     assert_eq!(parsed.results[1].hit_ratio, report.results[1].hit_ratio);
     assert!(parsed.references.ttft_floor_s.count > 0);
+    // One record per request and policy, in the live replay's format, agreeing with the summary.
+    let text = std::fs::read_to_string(&records).expect("read records");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("record line"))
+        .collect();
+    for (i, r) in report.results.iter().enumerate() {
+        let mine: Vec<_> = lines
+            .iter()
+            .filter(|l| l["policy"] == r.policy.as_str())
+            .collect();
+        assert_eq!(mine.len(), r.completed + r.rejected, "{}", r.policy);
+        let ttfts: Vec<f64> = mine.iter().filter_map(|l| l["ttft_s"].as_f64()).collect();
+        let mean = ttfts.iter().sum::<f64>() / ttfts.len() as f64;
+        assert!(
+            (mean - r.ttft_s.mean).abs() < 1e-9,
+            "{} {mean} {}",
+            r.policy,
+            r.ttft_s.mean
+        );
+        let served: Vec<usize> = mine
+            .iter()
+            .filter_map(|l| l["instance"].as_str()?.parse().ok())
+            .collect();
+        assert_eq!(served.len(), mine.len());
+        let on_first = served.iter().filter(|&&e| e == 0).count() as f64 / served.len() as f64;
+        assert!((on_first - report.results[i].instance_share[0]).abs() < 1e-9);
+        assert!(mine.iter().all(|l| l["outcome"]["kind"] == "ok"));
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

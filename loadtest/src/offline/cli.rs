@@ -111,6 +111,11 @@ pub struct OfflineArgs {
     /// Write the full report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Write every request's record here, one JSON object per line with its policy's name, in the
+    /// format `compare --keep-records` keeps live runs' (virtual seconds; `instance` is the
+    /// engine's index in fleet order).
+    #[arg(long)]
+    pub records: Option<PathBuf>,
 }
 
 /// Where the router's per-instance rates come from.
@@ -387,6 +392,9 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
         let body = serde_json::to_vec_pretty(&report).map_err(|e| out(e.to_string()))?;
         std::fs::write(path, body).map_err(|e| out(e.to_string()))?;
     }
+    if let Some(path) = &args.records {
+        write_records(path, &report.results)?;
+    }
     println!("{}", summary_table(&report));
     if args.instances {
         println!(
@@ -395,6 +403,36 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
         );
     }
     Ok(report)
+}
+
+/// One line of `--records`: a request's record and the policy that routed it.
+#[derive(Serialize)]
+struct PolicyRecord<'a> {
+    policy: &'a str,
+    #[serde(flatten)]
+    record: &'a crate::replay::record::RequestRecord,
+}
+
+/// Writes every result's request records to `path`, one JSON object per line.
+fn write_records(path: &std::path::Path, results: &[PolicyResult]) -> Result<(), OfflineError> {
+    use std::io::Write as _;
+    let out = |msg: String| OfflineError::Output {
+        path: path.display().to_string(),
+        msg,
+    };
+    let file = std::fs::File::create(path).map_err(|e| out(e.to_string()))?;
+    let mut w = std::io::BufWriter::new(file);
+    for r in results {
+        for record in &r.records {
+            let line = PolicyRecord {
+                policy: &r.policy,
+                record,
+            };
+            serde_json::to_writer(&mut w, &line).map_err(|e| out(e.to_string()))?;
+            w.write_all(b"\n").map_err(|e| out(e.to_string()))?;
+        }
+    }
+    w.flush().map_err(|e| out(e.to_string()))
 }
 
 /// The terminal summary: one row per policy with ratios against the best contender, then the

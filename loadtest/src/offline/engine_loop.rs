@@ -310,6 +310,7 @@ pub fn simulate(
     let mut ttft_us: Vec<Option<u64>> = vec![None; n];
     let mut done_us: Vec<Option<u64>> = vec![None; n];
     let mut rejected = vec![false; n];
+    let mut cached_at_first = vec![0u32; n];
     let mut per_instance = vec![0u64; n_engines];
     let mut router_matched_tokens = 0u64;
     let mut router_best_tokens = 0u64;
@@ -411,6 +412,7 @@ pub fn simulate(
                     }
                     let ttft = now.saturating_sub(reqs[i].arrival_us);
                     ttft_us[i] = Some(ttft);
+                    cached_at_first[i] = cached;
                     router.first_token(i, placed[i] as usize, ttft as f64 / 1e3, now as f64 / 1e3);
                     let b = bucket_of(now);
                     if buckets.len() <= b {
@@ -534,6 +536,14 @@ pub fn simulate(
         makespan_s,
         wall_ms: started.elapsed().as_secs_f64() * 1e3,
         timeline,
+        records: super::records::request_records(&super::records::RequestTimes {
+            reqs,
+            placed: &placed,
+            rejected: &rejected,
+            ttft_us: &ttft_us,
+            done_us: &done_us,
+            cached: &cached_at_first,
+        }),
     })
 }
 

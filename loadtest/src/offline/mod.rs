@@ -33,6 +33,7 @@ pub mod floor;
 pub mod instances;
 pub mod lru;
 pub mod policies;
+pub mod records;
 pub mod result;
 pub mod router;
 pub mod runner;

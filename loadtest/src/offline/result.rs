@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::summary::Dist;
+use crate::replay::record::RequestRecord;
 
 /// One point of a run's timeline (a fixed-width bucket of virtual time).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -84,6 +85,10 @@ pub struct PolicyResult {
     pub wall_ms: f64,
     /// Hit ratio, load spread and TTFT over time.
     pub timeline: Vec<TimelinePoint>,
+    /// Every request that ended, in the live replay's record format (written apart, with
+    /// `--records`; never in the JSON report, which stays a summary).
+    #[serde(skip)]
+    pub records: Vec<RequestRecord>,
 }
 
 /// One engine class's part of a run: the requests routed to its engines.

@@ -66,7 +66,7 @@ pub enum Outcome {
 }
 
 /// Measurements of one request.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RequestRecord {
     /// Index of the request in the (sliced) trace.
     pub index: usize,
