@@ -3,8 +3,9 @@
 
 Usage: tail_requests.py RECORDS
 
-RECORDS is either a `kvgate-loadtest compare ... --keep-records` result (JSON) or an
-`offline ... --records` file (JSON Lines, one record per line with its policy). For each
+RECORDS is either a `kvgate-loadtest compare ... --keep-records` result (JSON; times are scaled
+to model seconds by the simulated fleet's time scale) or an `offline ... --records` file (JSON
+Lines, one record per line with its policy). For each
 contender (or policy), the requests at or above the p99 end-to-end latency against all of them:
 mean prompt and output tokens, mean TTFT, mean decode pace (first token to end over the tokens
 after the first, ms per token); then the same pace and the mean prompt per instance, which shows
@@ -26,8 +27,17 @@ def load(path: str) -> dict:
     except json.JSONDecodeError:
         results = None
     if isinstance(results, dict) and "contenders" in results:
+        # Live records are in wall seconds; the summaries (and the offline simulator) in the
+        # engines' model time: scale by the simulated fleet's time scale.
+        fleet = (results.get("parameters") or {}).get("fleet") or {}
+        scale = float(fleet.get("time_scale") or 1.0)
         for c in results["contenders"]:
-            groups[c["name"]].extend(c.get("records") or [])
+            for r in c.get("records") or []:
+                r = dict(r)
+                for key in ("ttft_s", "e2e_s"):
+                    if r.get(key) is not None:
+                        r[key] *= scale
+                groups[c["name"]].append(r)
         return groups
     for line in text.splitlines():
         if line.strip():
