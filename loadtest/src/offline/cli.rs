@@ -385,10 +385,7 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
         wall_s: started.elapsed().as_secs_f64(),
     };
     if let Some(path) = &args.json {
-        let out = |msg: String| OfflineError::Output {
-            path: path.display().to_string(),
-            msg,
-        };
+        let out = output_error(path);
         let body = serde_json::to_vec_pretty(&report).map_err(|e| out(e.to_string()))?;
         std::fs::write(path, body).map_err(|e| out(e.to_string()))?;
     }
@@ -405,6 +402,14 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
     Ok(report)
 }
 
+/// The error for a failed write of an output file at `path`.
+fn output_error(path: &std::path::Path) -> impl Fn(String) -> OfflineError + '_ {
+    move |msg| OfflineError::Output {
+        path: path.display().to_string(),
+        msg,
+    }
+}
+
 /// One line of `--records`: a request's record and the policy that routed it.
 #[derive(Serialize)]
 struct PolicyRecord<'a> {
@@ -416,10 +421,7 @@ struct PolicyRecord<'a> {
 /// Writes every result's request records to `path`, one JSON object per line.
 fn write_records(path: &std::path::Path, results: &[PolicyResult]) -> Result<(), OfflineError> {
     use std::io::Write as _;
-    let out = |msg: String| OfflineError::Output {
-        path: path.display().to_string(),
-        msg,
-    };
+    let out = output_error(path);
     let file = std::fs::File::create(path).map_err(|e| out(e.to_string()))?;
     let mut w = std::io::BufWriter::new(file);
     for r in results {
