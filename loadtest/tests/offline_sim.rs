@@ -121,6 +121,57 @@ fn every_index_mode_runs() {
     }
 }
 
+/// An index fed by the engines' KV events alone knows only what has reached it: with events
+/// arriving after the whole replay the router matches nothing; with them at each step's end it
+/// matches the conversation's earlier turns.
+#[test]
+fn late_kv_events_leave_an_event_fed_index_behind() {
+    let names = ["kvgate".to_string()];
+    let (w, cfg) = setup(3, IndexMode::Events);
+    let on_time = run_policies(&w, &cfg, &names).expect("run")[0].clone();
+    let (w, mut late) = setup(3, IndexMode::Events);
+    late.router.event_lag_ms = 3_600_000;
+    let never = run_policies(&w, &late, &names).expect("run")[0].clone();
+    assert!(on_time.router_matched_ratio > 0.01, "{on_time:#?}");
+    assert_eq!(never.router_matched_ratio, 0.0, "{never:#?}");
+    assert_eq!(never.completed, never.requests);
+    // A lag shorter than the gaps between turns changes little of what is matched.
+    late.router.event_lag_ms = 5;
+    let short = run_policies(&w, &late, &names).expect("run")[0].clone();
+    assert!(
+        short.router_matched_ratio > on_time.router_matched_ratio * 0.8,
+        "{} against {}",
+        short.router_matched_ratio,
+        on_time.router_matched_ratio
+    );
+}
+
+/// `compare`'s warm-up request moves a round-robin rotation by one place; the offline
+/// simulator's warm-up does the same, and nothing else about the run.
+#[test]
+fn a_warm_up_request_moves_round_robin_by_one_place() {
+    let names = ["round_robin".to_string()];
+    let instances = |warm_up: u32| {
+        let (w, mut cfg) = setup(3, IndexMode::Both);
+        cfg.router.warm_up_requests = warm_up;
+        let r = run_policies(&w, &cfg, &names).expect("run")[0].clone();
+        assert_eq!(r.completed, r.requests);
+        let mut by_index: Vec<(usize, usize)> = r
+            .records
+            .iter()
+            .filter_map(|rec| Some((rec.index, rec.instance.as_deref()?.parse().ok()?)))
+            .collect();
+        by_index.sort_unstable();
+        by_index.into_iter().map(|(_, e)| e).collect::<Vec<usize>>()
+    };
+    let cold = instances(0);
+    let warm = instances(1);
+    assert_eq!(cold.len(), 150);
+    assert_eq!(&cold[..5], &[0, 1, 2, 3, 0]);
+    assert_eq!(warm.len(), cold.len());
+    assert!(warm.iter().zip(&cold).all(|(w, c)| *w == (c + 1) % 4));
+}
+
 #[test]
 fn cli_writes_a_json_report() {
     let dir = std::env::temp_dir().join(format!("kvgate-offline-{}", std::process::id()));
@@ -146,6 +197,9 @@ fn cli_writes_a_json_report() {
         overrides: vec![],
         predicted_ttl_ms: None,
         scrape_interval_ms: 1000,
+        event_lag_ms: 0,
+        warm_up_requests: 0,
+        shuffle_simultaneous: false,
         rates: RatesMode::Nominal,
         index_capacity_factor: 2.0,
         expire_interval_ms: 60_000,

@@ -98,6 +98,19 @@ pub struct OfflineArgs {
     /// `[load] poll_interval_ms`).
     #[arg(long, default_value_t = kvgate::config::LoadConfig::default().poll_interval_ms)]
     pub scrape_interval_ms: u64,
+    /// How long after the engine step that produced them KV events reach the router's index,
+    /// virtual ms (0: at the step's end; a live gateway adds transport and ingest time, which
+    /// its `kvgate_kv_event_lag_seconds` histogram measures).
+    #[arg(long, default_value_t = 0)]
+    pub event_lag_ms: u64,
+    /// Small requests each router routes before the workload (`compare` warms every router up
+    /// with 1 before its replay, which moves a round-robin rotation by one place).
+    #[arg(long, default_value_t = 0)]
+    pub warm_up_requests: u32,
+    /// Requests of the same arrival instant reach the router in a random order drawn from
+    /// `--seed` (as concurrent sends reach a live gateway) instead of the trace's order.
+    #[arg(long)]
+    pub shuffle_simultaneous: bool,
     /// Skip the no-queue TTFT floor (the slowest reference).
     #[arg(long)]
     pub no_floor: bool,
@@ -164,6 +177,15 @@ pub struct RunParams {
     pub predicted_ttl_ms: u64,
     /// Scrape interval.
     pub scrape_interval_ms: u64,
+    /// KV event lag.
+    #[serde(default)]
+    pub event_lag_ms: u64,
+    /// Warm-up requests routed before the workload.
+    #[serde(default)]
+    pub warm_up_requests: u32,
+    /// Whether simultaneous arrivals were shuffled.
+    #[serde(default)]
+    pub shuffle_simultaneous: bool,
     /// Prefill rate the router assumed per instance, tokens/s.
     pub prefill_tokens_per_s: f64,
     /// Decode interference the router assumed, ms per decoding sequence.
@@ -289,6 +311,9 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
         args.scrape_interval_ms,
     );
     router.index_capacity_factor = args.index_capacity_factor;
+    router.event_lag_ms = args.event_lag_ms;
+    router.warm_up_requests = args.warm_up_requests;
+    router.shuffle_simultaneous = args.shuffle_simultaneous;
     router.expire_interval_ms = args.expire_interval_ms.max(1);
     match args.rates {
         // The router holds one rate for every instance, as the gateway's `[routing.rates]` does;
@@ -374,6 +399,9 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
             index: args.index,
             predicted_ttl_ms: cfg.router.predicted_ttl_ms,
             scrape_interval_ms: cfg.router.scrape_interval_ms,
+            event_lag_ms: cfg.router.event_lag_ms,
+            warm_up_requests: cfg.router.warm_up_requests,
+            shuffle_simultaneous: cfg.router.shuffle_simultaneous,
             prefill_tokens_per_s: cfg.router.rates.prefill_tokens_per_s,
             decode_interference_ms: cfg.router.rates.decode_interference_ms,
             policy_config: serde_json::to_value(&cfg.policy).unwrap_or(serde_json::Value::Null),

@@ -7,21 +7,22 @@
 //! - An engine with work always has exactly one step in flight: a step is started when a request
 //!   reaches an engine that is not stepping, and again at the end of each step while the engine
 //!   still has work. A step's effects (first tokens, completions, KV events) become visible at
-//!   its end time.
+//!   its end time; KV events reach the router's index `event_lag_ms` later (in the order the
+//!   steps ended), before any event at or after that time is processed.
 //! - Everything is bounded by the workload: one arrival event pending at a time, at most one step
 //!   event per engine, per-request state in vectors sized once.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::time::Instant;
 
 use kvgate_core::load::EngineLoad;
-use kvgate_sim::model::{EngineModel, EngineParams, SimRequest, StepOutcome};
+use kvgate_sim::model::{EngineModel, EngineParams, KvEvent, SimRequest, StepOutcome};
 
 use super::result::{ClassResult, PolicyResult, TimelinePoint};
 use super::router::{nominal_rates, request_seed, SimRouter};
 use super::summary::Dist;
-use super::workload::Workload;
+use super::workload::{OfflineRequest, Workload};
 use super::OfflineError;
 
 /// One engine of the simulated fleet.
@@ -174,6 +175,7 @@ const TIMELINE_BUCKETS: u64 = 120;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
+    /// The `k`-th arrival in [`arrival_order`] (not request number `k`).
     Arrival(u32),
     StepEnd(u32),
 }
@@ -242,6 +244,39 @@ impl Spread {
     }
 }
 
+/// Request numbers in the order they reach the router: arrival order, and with `shuffle` each
+/// run of requests arriving at the same instant in a random order drawn from `seed` (live, the
+/// replayer sends such a burst concurrently and its requests reach the gateway in no fixed
+/// order; in index order, a rotation would pin the same request to the same place every run).
+fn arrival_order(reqs: &[OfflineRequest], seed: u64, shuffle: bool) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..reqs.len() as u32).collect();
+    if !shuffle {
+        return order;
+    }
+    let mut draws = 0u64;
+    let mut start = 0;
+    while start < reqs.len() {
+        let at = reqs[start].arrival_us;
+        let end = start
+            + reqs[start..]
+                .iter()
+                .take_while(|r| r.arrival_us == at)
+                .count();
+        // Fisher–Yates over the run.
+        for j in (start + 1..end).rev() {
+            draws += 1;
+            let pick = start
+                + (request_seed(seed ^ SHUFFLE_SALT, draws) % (j - start + 1) as u64) as usize;
+            order.swap(j, pick);
+        }
+        start = end;
+    }
+    order
+}
+
+/// Separates the shuffle's draws from the tie-break's, which use the same seed.
+const SHUFFLE_SALT: u64 = 0x7368_7566_666c_6521;
+
 /// Runs the workload through the fleet with `router` deciding. `seed` orders simultaneous events.
 pub fn simulate(
     workload: &Workload,
@@ -276,8 +311,9 @@ pub fn simulate(
         seq += 1;
         heap.push(Reverse((t, request_seed(seed, seq), ev)));
     };
-    if let Some(r) = reqs.first() {
-        push(&mut heap, r.arrival_us, Ev::Arrival(0));
+    let order = arrival_order(reqs, seed, router.shuffles_simultaneous());
+    if let Some(&i) = order.first() {
+        push(&mut heap, reqs[i as usize].arrival_us, Ev::Arrival(0));
     }
 
     let mut steps = Steps {
@@ -318,6 +354,12 @@ pub fn simulate(
     let mut buckets: Vec<Bucket> = Vec::new();
     let mut now = first_arrival;
     spread.last_us = first_arrival;
+    // KV events on their way to the index: (time they arrive, engine, event), in arrival order
+    // (the lag is one constant, so steps' end order is arrival order). Holds at most the events
+    // of the steps ending within one lag.
+    let event_lag_us = router.event_lag_ms().saturating_mul(1000);
+    let mut in_transit: VecDeque<(u64, usize, KvEvent)> = VecDeque::new();
+    router.warm_up(first_arrival / 1000);
 
     let bucket_of = |t: u64| ((t.saturating_sub(first_arrival)) / bucket_us) as usize;
     // Attributes the closed in-flight interval ending at `t` to its bucket (by its end).
@@ -337,12 +379,23 @@ pub fn simulate(
     while let Some(Reverse((t, _, ev))) = heap.pop() {
         now = t;
         let now_ms = now / 1000;
+        while in_transit.front().is_some_and(|(at, _, _)| *at <= now) {
+            if let Some((at, e, kv)) = in_transit.pop_front() {
+                router.apply_event(e, &kv, at / 1000);
+            }
+        }
         match ev {
-            Ev::Arrival(i) => {
-                let i = i as usize;
-                if let Some(next) = reqs.get(i + 1) {
-                    push(&mut heap, next.arrival_us, Ev::Arrival((i + 1) as u32));
+            Ev::Arrival(k) => {
+                let k = k as usize;
+                if let Some(&next) = order.get(k + 1) {
+                    push(
+                        &mut heap,
+                        reqs[next as usize].arrival_us,
+                        Ev::Arrival((k + 1) as u32),
+                    );
                 }
+                let Some(&i) = order.get(k) else { continue };
+                let i = i as usize;
                 if router.scrape_due(now_ms) {
                     for (e, eng) in engines.iter().enumerate() {
                         let l = eng.load();
@@ -440,7 +493,11 @@ pub fn simulate(
                     spread.remove(placed[i] as usize);
                 }
                 for ev in engines[e].drain_kv_events() {
-                    router.apply_event(e, &ev, now_ms);
+                    if event_lag_us == 0 {
+                        router.apply_event(e, &ev, now_ms);
+                    } else {
+                        in_transit.push_back((now + event_lag_us, e, ev));
+                    }
                 }
                 if !engines[e].is_idle() {
                     start_step(&mut engines[e], e, now, &mut steps, &mut push, &mut heap);
@@ -647,5 +704,54 @@ fn start_step(
                 .generation_tokens
                 .saturating_sub(before.generation_tokens);
         push(heap, end, Ev::StepEnd(e as u32));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(times: &[u64]) -> Vec<OfflineRequest> {
+        times
+            .iter()
+            .map(|&t| OfflineRequest {
+                arrival_us: t,
+                prompt_tokens: 16,
+                output_tokens: 1,
+                blocks: vec![],
+            })
+            .collect()
+    }
+
+    #[test]
+    fn without_shuffle_requests_arrive_in_workload_order() {
+        let reqs = at(&[0, 0, 0, 5, 5, 9]);
+        assert_eq!(arrival_order(&reqs, 7, false), vec![0, 1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn shuffling_permutes_only_requests_of_one_instant() {
+        let times: Vec<u64> = (0..40)
+            .flat_map(|t| std::iter::repeat_n(t * 10, 9))
+            .collect();
+        let reqs = at(&times);
+        let a = arrival_order(&reqs, 1, true);
+        // A permutation, in time order, equal for equal seeds and not the identity.
+        let mut sorted = a.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..reqs.len() as u32).collect::<Vec<_>>());
+        assert!(a
+            .windows(2)
+            .all(|w| reqs[w[0] as usize].arrival_us <= reqs[w[1] as usize].arrival_us));
+        assert_eq!(a, arrival_order(&reqs, 1, true));
+        let moved = a
+            .iter()
+            .enumerate()
+            .filter(|(k, &i)| *k != i as usize)
+            .count();
+        assert!(moved > reqs.len() / 2, "{moved} of {} moved", reqs.len());
+        // Another seed, another order; a lone request never moves.
+        assert_ne!(a, arrival_order(&reqs, 2, true));
+        assert_eq!(arrival_order(&at(&[0, 3, 8]), 1, true), vec![0, 1, 2]);
     }
 }

@@ -104,6 +104,16 @@ pub struct RouterSettings {
     pub index_capacity_factor: f64,
     /// How often engine-reported load is scraped; 0 disables scraping.
     pub scrape_interval_ms: u64,
+    /// How long after the step that produced them an engine's KV events reach the index, ms
+    /// (0: at the step's end, as a subscriber with no transport or ingest delay sees them).
+    pub event_lag_ms: u64,
+    /// Small requests routed before the workload, as `compare` warms every router under test up
+    /// with one before its replay: they move stateful rotations (round robin's next instance)
+    /// and leave a prediction of one block, and finish before the first arrival.
+    pub warm_up_requests: u32,
+    /// Whether requests arriving at the same instant reach the router in a seeded random order
+    /// rather than the workload's (see `engine_loop::arrival_order`).
+    pub shuffle_simultaneous: bool,
 }
 
 impl RouterSettings {
@@ -126,6 +136,9 @@ impl RouterSettings {
             capacity_blocks,
             index_capacity_factor: r.index.capacity_factor,
             scrape_interval_ms: cfg.load.poll_interval_ms,
+            event_lag_ms: 0,
+            warm_up_requests: 0,
+            shuffle_simultaneous: false,
         }
     }
 
@@ -175,6 +188,10 @@ pub fn nominal_decode_rates(params: &EngineParams) -> DecodeRateConfig {
         ..DecodeRateConfig::default()
     }
 }
+
+/// Block hash of the warm-up requests' prompt (one block; no workload's chain starts with it but
+/// by a 2⁻⁶⁴ accident).
+const WARM_UP_HASH: u64 = 0x7761_726d_2d75_7000;
 
 /// Routing state of one simulated gateway: the core [`Router`] driven in virtual time.
 pub struct SimRouter {
@@ -270,6 +287,33 @@ impl SimRouter {
             .load()
             .snapshot(InstanceId(instance as u32))
             .in_flight
+    }
+
+    /// How long KV events take to reach the index, ms (see [`RouterSettings::event_lag_ms`]).
+    pub fn event_lag_ms(&self) -> u64 {
+        self.settings.event_lag_ms
+    }
+
+    /// Routes the configured warm-up requests at `now`: each a one-block prompt of its own
+    /// (`compare`'s "warm-up" message) asking for one token. They are not run on an engine: live,
+    /// each finishes before the replay starts, so its load is released at once here.
+    pub fn warm_up(&mut self, now: Millis) {
+        for k in 0..self.settings.warm_up_requests {
+            let req = OfflineRequest {
+                arrival_us: now.saturating_mul(1000),
+                prompt_tokens: self.block_tokens,
+                output_tokens: 1,
+                blocks: vec![WARM_UP_HASH ^ u64::from(k)],
+            };
+            // An id past every request's slot: nothing is kept for it, so its load guard drops
+            // when `route` returns.
+            self.route(usize::MAX - k as usize, &req, now);
+        }
+    }
+
+    /// Whether simultaneous arrivals are shuffled (see [`RouterSettings::shuffle_simultaneous`]).
+    pub fn shuffles_simultaneous(&self) -> bool {
+        self.settings.shuffle_simultaneous
     }
 
     /// Marks the scrape at `now` done.
