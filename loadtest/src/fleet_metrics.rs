@@ -50,6 +50,11 @@ pub struct EngineCounters {
     pub running: f64,
     /// Requests waiting now.
     pub waiting: f64,
+    /// Sum of the engine's own time-to-first-token histogram (arrival at the engine to first
+    /// token; a simulated engine's in model seconds), seconds.
+    pub ttft_sum_s: f64,
+    /// Observations in that histogram.
+    pub ttft_count: f64,
     /// Simulated engines only (`kvgate_sim_*`, 0 elsewhere): steps run.
     pub sim_steps: f64,
     /// ... the sum of how late each step's wake-up was, model seconds.
@@ -93,6 +98,8 @@ pub fn parse_counters(page: &str) -> Option<EngineCounters> {
             requests: g("vllm:request_success_total").unwrap_or(0.0),
             running: g("vllm:num_requests_running").unwrap_or(0.0),
             waiting: g("vllm:num_requests_waiting").unwrap_or(0.0),
+            ttft_sum_s: g("vllm:time_to_first_token_seconds_sum").unwrap_or(0.0),
+            ttft_count: g("vllm:time_to_first_token_seconds_count").unwrap_or(0.0),
             ..sim_clock(page)
         });
     }
@@ -106,6 +113,8 @@ pub fn parse_counters(page: &str) -> Option<EngineCounters> {
             requests: g("sglang:num_requests_total").unwrap_or(0.0),
             running: g("sglang:num_running_reqs").unwrap_or(0.0),
             waiting: g("sglang:num_queue_reqs").unwrap_or(0.0),
+            ttft_sum_s: g("sglang:time_to_first_token_seconds_sum").unwrap_or(0.0),
+            ttft_count: g("sglang:time_to_first_token_seconds_count").unwrap_or(0.0),
             ..sim_clock(page)
         });
     }
@@ -182,6 +191,10 @@ pub struct FleetDelta {
     pub requests_per_engine: Vec<f64>,
     /// Hit ratio per engine.
     pub hit_ratio_per_engine: Vec<f64>,
+    /// Mean time to first token as the engines measured it (from a request's arrival at the
+    /// engine), fleet-wide; None when they report none. A client's mean TTFT minus this is what
+    /// the path to and from the engines added: the router's decision, proxying and transport.
+    pub engine_ttft_mean_s: Option<f64>,
     /// Simulated engines: steps run, fleet-wide.
     pub sim_steps: f64,
     /// Simulated engines: mean lateness of a step's wake-up, model seconds (how far the
@@ -196,7 +209,10 @@ pub struct FleetDelta {
 /// Differences two snapshots of the same fleet.
 pub fn delta(before: &FleetSnapshot, after: &FleetSnapshot) -> FleetDelta {
     let mut d = FleetDelta::default();
+    let (mut ttft_sum, mut ttft_n) = (0.0, 0.0);
     for (b, a) in before.engines.iter().zip(&after.engines) {
+        ttft_sum += a.ttft_sum_s - b.ttft_sum_s;
+        ttft_n += a.ttft_count - b.ttft_count;
         let q = a.prefix_queries - b.prefix_queries;
         let h = a.prefix_hits - b.prefix_hits;
         d.prefix_queries += q;
@@ -208,6 +224,7 @@ pub fn delta(before: &FleetSnapshot, after: &FleetSnapshot) -> FleetDelta {
         d.sim_clock_skipped_s += a.sim_clock_skipped_s - b.sim_clock_skipped_s;
     }
     d.hit_ratio = ratio(d.prefix_hits, d.prefix_queries);
+    d.engine_ttft_mean_s = (ttft_n > 0.0).then(|| ttft_sum / ttft_n);
     d.sim_step_late_mean_s = ratio(d.sim_step_late_mean_s, d.sim_steps);
     d
 }
@@ -308,6 +325,9 @@ mod tests {
         vllm:num_requests_running 2\n\
         vllm:num_requests_waiting{model_name=\"m\"} 1e0\n\
         vllm:num_requests_running_other 99\n\
+        vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"} 5\n\
+        vllm:time_to_first_token_seconds_sum{engine=\"0\"} 2.5\n\
+        vllm:time_to_first_token_seconds_count{engine=\"0\"} 5\n\
         kvgate_sim_steps_total{engine=\"0\"} 40\n\
         kvgate_sim_step_late_seconds_total{engine=\"0\"} 0.8\n\
         kvgate_sim_clock_skipped_seconds_total{engine=\"0\"} 0\n";
@@ -321,6 +341,7 @@ mod tests {
         assert_eq!(c.running, 2.0);
         assert_eq!(c.waiting, 1.0);
         assert_eq!((c.sim_steps, c.sim_step_late_s), (40.0, 0.8));
+        assert_eq!((c.ttft_sum_s, c.ttft_count), (2.5, 5.0));
         assert_eq!(c.sim_clock_skipped_s, 0.0);
         assert!(parse_counters("foo 1\n").is_none());
         let sg = "sglang:cached_tokens_total{a=\"b\"} 5\nsglang:prompt_tokens_total 20\n";
@@ -335,6 +356,9 @@ mod tests {
             requests: r,
             running: r,
             waiting: 0.0,
+            // Each request's first token 0.25 s after it reached the engine.
+            ttft_sum_s: r * 0.25,
+            ttft_count: r,
             // A step per request so far, each woken 2 ms late; 0.5 s skipped per request.
             sim_steps: r,
             sim_step_late_s: r * 0.002,
@@ -352,6 +376,8 @@ mod tests {
         assert!((d.hit_ratio - 0.25).abs() < 1e-12);
         assert_eq!(d.requests_per_engine, vec![3.0, 2.0]);
         assert_eq!(d.sim_steps, 5.0);
+        assert_eq!(d.engine_ttft_mean_s, Some(0.25));
+        assert_eq!(delta(&a, &a).engine_ttft_mean_s, None);
         assert!((d.sim_step_late_mean_s - 0.002).abs() < 1e-12);
         assert!((d.sim_clock_skipped_s - 2.5).abs() < 1e-12);
         let s = series(&[a, b]);

@@ -89,6 +89,15 @@ async fn each_contender_runs_on_a_fresh_fleet() {
         );
         assert_eq!(r.ttft_sorted.len(), 12);
         assert_eq!(r.records.len(), 12);
+        // The engines time the first token from the request's arrival there, so the client's
+        // TTFT (the same model seconds) is at least theirs, and not without the path to them.
+        let at_engines = f.engine_ttft_mean_s.expect("engine TTFT");
+        assert!(
+            at_engines > 0.0 && at_engines < s.ttft.mean,
+            "{}: {at_engines} against {}",
+            r.name,
+            s.ttft.mean
+        );
         assert!(!r.series.is_empty());
     }
     // Round robin splits evenly; consistent hashing on shared prefixes hits more.

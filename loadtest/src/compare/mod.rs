@@ -298,13 +298,17 @@ async fn run_on_fleet(
     .await;
     router.stop().await;
     let (out, before, after, samples) = measured?;
-    let delta = fleet_metrics::delta(&before, &after);
-    let mut summary = summarise(&out, Some(&delta), &names);
     let scale = if cfg.model_time {
         cfg.fleet.time_scale
     } else {
         1.0
     };
+    let mut delta = fleet_metrics::delta(&before, &after);
+    // The simulated engines measure in model seconds; the summary's unit is `scale`'s.
+    delta.engine_ttft_mean_s = delta
+        .engine_ttft_mean_s
+        .map(|t| t / cfg.fleet.time_scale * scale);
+    let mut summary = summarise(&out, Some(&delta), &names);
     summary.goodput = cfg.ttft_slo_s.map(|s| goodput(&out, s / scale));
     summary.follow_ups = crate::report::follow_ups::follow_ups(&trace.requests, &out.records);
     summary.scale_time(scale);

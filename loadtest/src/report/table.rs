@@ -87,6 +87,18 @@ pub fn render(contenders: &[ContenderResult]) -> String {
             ));
         }
         parts.extend(send_lag_note(s.mean_send_lag_s));
+        if let Some(engine) = c
+            .fleet
+            .as_ref()
+            .and_then(|f| f.engine_ttft_mean_s)
+            .filter(|_| s.ttft.count > 0)
+        {
+            parts.push(format!(
+                "TTFT mean at the engines {} (the path through the router added {})",
+                secs(engine),
+                secs(s.ttft.mean - engine)
+            ));
+        }
         if let Some(f) = c.fleet.as_ref().filter(|f| f.sim_steps > 0.0) {
             parts.push(format!(
                 "simulated engines woke {:.1} ms (model) late per step on average, skipped {:.2} s",
