@@ -61,8 +61,9 @@ pub struct ReqState {
 
 /// Commands to the loop.
 pub enum Cmd {
-    /// Queue a request with the token ids it will generate (may be empty).
-    Submit(SimRequest, Vec<u32>, Arc<ReqState>),
+    /// Queue a request with the token ids it will generate (may be empty), received by its
+    /// handler at the given instant.
+    Submit(SimRequest, Vec<u32>, Arc<ReqState>, Instant),
     /// `POST /reset_prefix_cache`; answers whether it succeeded.
     Reset(oneshot::Sender<bool>),
     /// Restart the engine; answers when done.
@@ -91,6 +92,7 @@ const MAX_LAG_US: u64 = 1_000_000;
 
 struct Inflight {
     state: Arc<ReqState>,
+    /// When its handler received it, virtual µs (the start of the engine's own TTFT).
     arrival_v: u64,
 }
 
@@ -109,6 +111,10 @@ pub async fn run(
         1.0
     };
     let vnow = move || (epoch.elapsed().as_secs_f64() * scale * 1e6) as u64;
+    // A past instant in virtual µs (a handler's receipt: the loop takes commands only between
+    // steps, so a request may have waited for the running step to end).
+    let v_at =
+        move |t: Instant| (t.saturating_duration_since(epoch).as_secs_f64() * scale * 1e6) as u64;
     let mut inflight: HashMap<u64, Inflight> = HashMap::new();
     let mut vclock: u64 = 0;
     loop {
@@ -127,7 +133,7 @@ pub async fn run(
                         &mut inflight,
                         &core,
                         publisher.as_deref(),
-                        vnow(),
+                        (vnow(), &v_at),
                     )
                     .await
                 }
@@ -142,7 +148,7 @@ pub async fn run(
                 &mut inflight,
                 &core,
                 publisher.as_deref(),
-                vnow(),
+                (vnow(), &v_at),
             )
             .await;
         }
@@ -177,8 +183,10 @@ pub async fn run(
             _ = core.stop.cancelled() => break,
             _ = tokio::time::sleep_until(wake.into()) => {}
         }
-        let t_end = end_v;
-        let late = vnow().saturating_sub(end_v);
+        // First tokens reach their handlers now, at the wake-up: the engine's own TTFT runs from
+        // the handler's receipt to here, in wall time × scale, as a real engine times it.
+        let woke = vnow();
+        let late = woke.saturating_sub(end_v);
         // Metrics first, then the handlers: a client that has its tokens (or its whole response)
         // must find them counted when it reads /metrics right after.
         {
@@ -190,7 +198,7 @@ pub async fn run(
             for (id, _) in &out.first_tokens {
                 if let Some(f) = inflight.get(id) {
                     snap.ttft
-                        .observe(t_end.saturating_sub(f.arrival_v) as f64 / 1e6);
+                        .observe(woke.saturating_sub(f.arrival_v) as f64 / 1e6);
                 }
             }
             snap.request_success += out
@@ -243,7 +251,7 @@ pub async fn run(
     // Nothing will run any more: release every waiting handler, queued submissions included.
     rx.close();
     while let Ok(c) = rx.try_recv() {
-        if let Cmd::Submit(_, _, state) = c {
+        if let Cmd::Submit(_, _, state, _) = c {
             abort_state(&state);
         }
     }
@@ -263,10 +271,10 @@ async fn handle(
     inflight: &mut HashMap<u64, Inflight>,
     core: &Core,
     publisher: Option<&Publisher>,
-    now_v: u64,
+    (now_v, v_at): (u64, &(dyn Fn(Instant) -> u64 + Sync)),
 ) {
     match cmd {
-        Cmd::Submit(req, output_ids, state) => {
+        Cmd::Submit(req, output_ids, state, received) => {
             let id = req.id;
             match model.try_submit_with_output(req, output_ids, now_v) {
                 Ok(()) => {
@@ -274,7 +282,7 @@ async fn handle(
                         id,
                         Inflight {
                             state,
-                            arrival_v: now_v,
+                            arrival_v: v_at(received).min(now_v),
                         },
                     );
                 }

@@ -183,7 +183,12 @@ async fn complete(st: Arc<AppState>, kind: Kind, body: Bytes) -> Response {
     if st
         .core
         .cmd_tx
-        .try_send(Cmd::Submit(req, output_ids, state.clone()))
+        .try_send(Cmd::Submit(
+            req,
+            output_ids,
+            state.clone(),
+            std::time::Instant::now(),
+        ))
         .is_err()
     {
         return ApiError::new(fl, StatusCode::SERVICE_UNAVAILABLE, "engine queue is full")
