@@ -10,7 +10,8 @@
 //! - [`stats`]: exact percentiles, means, shares, buckets.
 //! - [`compare`]: one trace against several routers, each on a fresh simulated fleet (kvgate as one
 //!   gateway or as N replicas gossiping in-process).
-//! - [`report`]: JSON results, self-contained HTML report, terminal table, follow-up turns.
+//! - [`report`]: JSON results, self-contained HTML report, terminal table, follow-up turns, and
+//!   a live run checked against offline draws of the same slice (`mirror`).
 //! - [`sizing`]: cache capacity vs working set, fleet-LRU / infinite-cache / TTFT-floor references.
 //! - [`offline`]: the offline simulator (routing core + engine model in virtual time).
 //! - [`gateway_sizing`]: the gateway's own CPU and memory per 100 req/s against a running kvgate

@@ -31,6 +31,9 @@ enum Command {
     Size(tools::SizeArgs),
     /// Offline simulation: routing core + engine model in virtual time, no HTTP.
     Offline(kvgate_loadtest::offline::OfflineArgs),
+    /// A live `compare` run against offline draws of the same slice: is every figure where the
+    /// simulator says it should be?
+    Mirror(tools::MirrorArgs),
     /// Gateway sizing against one running kvgate: fill its index, then measure its CPU and
     /// memory per prompt length and kind of traffic at a fixed rate (loadtest/sizing.sh).
     SizingDrive(sizing_drive::DriveArgs),
@@ -51,6 +54,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             kvgate_loadtest::offline::run_cli(a).context("offline simulation")?;
             Ok(())
         }
+        Command::Mirror(a) => tools::mirror(a),
         Command::SizingDrive(a) => runtime()?.block_on(sizing_drive::drive(a)),
         Command::SizingReport(a) => sizing_drive::report(a),
     }

@@ -1,4 +1,5 @@
-//! `synth`, `trace-stats`, `size`: offline helpers around traces.
+//! `synth`, `trace-stats`, `size`: offline helpers around traces; `mirror`: a live run against
+//! offline draws.
 
 use std::path::PathBuf;
 
@@ -148,5 +149,53 @@ pub fn size(a: SizeArgs) -> anyhow::Result<()> {
             ""
         }
     );
+    Ok(())
+}
+
+/// Flags of `mirror`.
+#[derive(Debug, Args)]
+pub struct MirrorArgs {
+    /// `results.json` of a live `compare` run.
+    #[arg(long)]
+    pub live: PathBuf,
+    /// JSON reports of `offline` runs of the same slice (`--json`), one per draw (e.g. with
+    /// `--warm-up-requests 1 --shuffle-simultaneous` and several `--seed`s); repeatable.
+    #[arg(long, required = true)]
+    pub offline: Vec<PathBuf>,
+    /// Relative margin around the draws' range for mean TTFT and E2E.
+    #[arg(long, default_value_t = kvgate_loadtest::report::mirror::Tolerance::default().relative)]
+    pub tolerance: f64,
+    /// Margin around the draws' range for the hit ratio, points.
+    #[arg(long, default_value_t = kvgate_loadtest::report::mirror::Tolerance::default().hit_points)]
+    pub hit_points: f64,
+}
+
+pub fn mirror(a: MirrorArgs) -> anyhow::Result<()> {
+    use kvgate_loadtest::report::mirror;
+    let read = |p: &PathBuf| -> anyhow::Result<Vec<u8>> {
+        std::fs::read(p).with_context(|| format!("reading {}", p.display()))
+    };
+    let live: serde_json::Value = serde_json::from_slice(&read(&a.live)?)
+        .with_context(|| format!("parsing {}", a.live.display()))?;
+    let offline = a
+        .offline
+        .iter()
+        .map(|p| {
+            serde_json::from_slice(&read(p)?).with_context(|| format!("parsing {}", p.display()))
+        })
+        .collect::<anyhow::Result<Vec<kvgate_loadtest::offline::OfflineReport>>>()?;
+    anyhow::ensure!(
+        a.tolerance.is_finite()
+            && a.tolerance >= 0.0
+            && a.hit_points.is_finite()
+            && a.hit_points >= 0.0,
+        "--tolerance and --hit-points must be finite and not negative"
+    );
+    let tol = mirror::Tolerance {
+        relative: a.tolerance,
+        hit_points: a.hit_points,
+    };
+    let rows = mirror::compare(&live, &offline, tol)?;
+    print!("{}", mirror::markdown(&rows));
     Ok(())
 }

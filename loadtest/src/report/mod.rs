@@ -5,6 +5,7 @@
 
 pub mod follow_ups;
 pub mod html;
+pub mod mirror;
 pub mod summary;
 pub mod svg;
 pub mod table;
