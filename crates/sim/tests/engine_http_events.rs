@@ -193,14 +193,7 @@ async fn events_match_cache_and_repeat_hits() {
     assert_eq!(replayed, want);
 
     // Metrics agree with the usage reported.
-    let m = c
-        .get(format!("{}/metrics", inst.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = metrics(&c, &inst.url).await;
     assert!(m.contains("vllm:prefix_cache_hits_total"));
     assert!(m.contains("vllm:cache_config_info{block_size=\"16\""));
     assert!(m.contains("num_gpu_blocks=\"16\"} 1"));
@@ -335,14 +328,7 @@ async fn surfaces_errors_and_faults() {
             "{p}"
         );
     }
-    let m = c
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = metrics(&c, &base).await;
     assert!(m.contains("sglang:num_running_reqs") && m.contains("sglang:cache_hit_rate"));
     // Always-5xx fault, then back to normal.
     let (s, _) = post(
@@ -622,14 +608,7 @@ async fn engine_ttft_counts_the_wait_for_the_running_step() {
     let long = tokio::spawn(first_chunk(long));
     let short = first_chunk(send("short".to_string()).await).await;
     let long = long.await.unwrap();
-    let m = c
-        .get(format!("{}/metrics", inst.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = metrics(&c, &inst.url).await;
     let value = |name: &str| -> f64 {
         m.lines()
             .find(|l| l.starts_with(name))

@@ -61,14 +61,7 @@ async fn a_mixed_fleet_serves_each_engine_with_its_own_class() {
     let client = reqwest::Client::new();
     // The engines' own metrics say the same.
     for (info, blocks) in infos.iter().zip(["24576", "8192", "8192"]) {
-        let text = client
-            .get(format!("{}/metrics", info.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = metrics(&client, &info.url).await;
         assert!(
             text.contains(&format!("num_gpu_blocks=\"{blocks}\"")),
             "{}: {text}",

@@ -99,6 +99,18 @@ pub async fn post(client: &reqwest::Client, url: &str, body: Value) -> (u16, Val
     )
 }
 
+/// An engine's Prometheus metrics page (`{base}/metrics`).
+pub async fn metrics(client: &reqwest::Client, base: &str) -> String {
+    client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// Streams a request; returns the parsed `data:` chunks (without `[DONE]`) and whether `[DONE]` came.
 pub async fn stream(client: &reqwest::Client, url: &str, body: Value) -> (Vec<Value>, bool) {
     let r = client.post(url).json(&body).send().await.unwrap();
