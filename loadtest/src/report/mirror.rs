@@ -130,6 +130,9 @@ pub fn compare(
     let contenders = live["contenders"]
         .as_array()
         .ok_or(MirrorError::NotCompare)?;
+    let rel =
+        |lo: f64, hi: f64, v: f64| v >= lo * (1.0 - tol.relative) && v <= hi * (1.0 + tol.relative);
+    let abs = |lo: f64, hi: f64, v: f64| v >= lo - tol.hit_points && v <= hi + tol.hit_points;
     let mut rows = Vec::new();
     for c in contenders {
         let Some(name) = c["name"].as_str() else {
@@ -155,10 +158,6 @@ pub fn compare(
         if draws.is_empty() {
             continue;
         }
-        let rel = |lo: f64, hi: f64, v: f64| {
-            v >= lo * (1.0 - tol.relative) && v <= hi * (1.0 + tol.relative)
-        };
-        let abs = |lo: f64, hi: f64, v: f64| v >= lo - tol.hit_points && v <= hi + tol.hit_points;
         let ttfts: Vec<f64> = draws.iter().map(|p| p.ttft_s.mean).collect();
         let ttft = figure(&ttfts, ttft, rel);
         let e2e = figure(

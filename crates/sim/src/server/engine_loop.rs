@@ -92,8 +92,8 @@ const MAX_LAG_US: u64 = 1_000_000;
 
 struct Inflight {
     state: Arc<ReqState>,
-    /// When its handler received it, virtual µs (the start of the engine's own TTFT).
-    arrival_v: u64,
+    /// When its handler received it (the start of the engine's own TTFT).
+    received: Instant,
 }
 
 /// Runs until `core.stop` is cancelled or every command sender is dropped.
@@ -111,10 +111,6 @@ pub async fn run(
         1.0
     };
     let vnow = move || (epoch.elapsed().as_secs_f64() * scale * 1e6) as u64;
-    // A past instant in virtual µs (a handler's receipt: the loop takes commands only between
-    // steps, so a request may have waited for the running step to end).
-    let v_at =
-        move |t: Instant| (t.saturating_duration_since(epoch).as_secs_f64() * scale * 1e6) as u64;
     let mut inflight: HashMap<u64, Inflight> = HashMap::new();
     let mut vclock: u64 = 0;
     loop {
@@ -133,7 +129,7 @@ pub async fn run(
                         &mut inflight,
                         &core,
                         publisher.as_deref(),
-                        (vnow(), &v_at),
+                        vnow(),
                     )
                     .await
                 }
@@ -148,7 +144,7 @@ pub async fn run(
                 &mut inflight,
                 &core,
                 publisher.as_deref(),
-                (vnow(), &v_at),
+                vnow(),
             )
             .await;
         }
@@ -183,10 +179,7 @@ pub async fn run(
             _ = core.stop.cancelled() => break,
             _ = tokio::time::sleep_until(wake.into()) => {}
         }
-        // First tokens reach their handlers now, at the wake-up: the engine's own TTFT runs from
-        // the handler's receipt to here, in wall time × scale, as a real engine times it.
-        let woke = vnow();
-        let late = woke.saturating_sub(end_v);
+        let late = vnow().saturating_sub(end_v);
         // Metrics first, then the handlers: a client that has its tokens (or its whole response)
         // must find them counted when it reads /metrics right after.
         {
@@ -197,8 +190,12 @@ pub async fn run(
             snap.clock.skipped_us += skipped;
             for (id, _) in &out.first_tokens {
                 if let Some(f) = inflight.get(id) {
+                    // First tokens reach their handlers now, at the wake-up: the engine's own
+                    // TTFT runs from the handler's receipt (the loop takes requests only between
+                    // steps, so it includes the wait for the running one) to here, in wall time
+                    // × scale, as a real engine times it.
                     snap.ttft
-                        .observe(woke.saturating_sub(f.arrival_v) as f64 / 1e6);
+                        .observe(f.received.elapsed().as_secs_f64() * scale);
                 }
             }
             snap.request_success += out
@@ -271,20 +268,14 @@ async fn handle(
     inflight: &mut HashMap<u64, Inflight>,
     core: &Core,
     publisher: Option<&Publisher>,
-    (now_v, v_at): (u64, &(dyn Fn(Instant) -> u64 + Sync)),
+    now_v: u64,
 ) {
     match cmd {
         Cmd::Submit(req, output_ids, state, received) => {
             let id = req.id;
             match model.try_submit_with_output(req, output_ids, now_v) {
                 Ok(()) => {
-                    inflight.insert(
-                        id,
-                        Inflight {
-                            state,
-                            arrival_v: v_at(received).min(now_v),
-                        },
-                    );
+                    inflight.insert(id, Inflight { state, received });
                 }
                 Err(_) => {
                     // Reported by the next step too; nobody waits for it there.
