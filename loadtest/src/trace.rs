@@ -239,6 +239,25 @@ impl Trace {
         self.write(std::io::BufWriter::new(f))
     }
 
+    /// Drops the first `n` requests and moves the rest so the first left arrives at 0: a later
+    /// window of a trace replays as if it were the trace's start (its requests still name the
+    /// dropped ones' blocks, which start cold).
+    pub fn skip(&self, n: usize) -> Trace {
+        let rest = self.requests.get(n..).unwrap_or_default();
+        let start = rest.first().map_or(0, |r| r.timestamp_ms);
+        let requests = rest
+            .iter()
+            .map(|r| TraceRequest {
+                timestamp_ms: r.timestamp_ms - start,
+                ..r.clone()
+            })
+            .collect();
+        Trace {
+            requests,
+            block_tokens: self.block_tokens,
+        }
+    }
+
     /// Keeps at most `max_requests` requests arriving within `max_duration` of the first one.
     pub fn slice(&self, max_requests: Option<usize>, max_duration: Option<Duration>) -> Trace {
         let start = self.requests.first().map_or(0, |r| r.timestamp_ms);
@@ -445,6 +464,16 @@ mod tests {
                 .len(),
             5
         );
+        let later = t.skip(4);
+        assert_eq!(later.requests.len(), 6);
+        assert_eq!(later.requests[0].timestamp_ms, 0);
+        assert_eq!(later.requests[5].timestamp_ms, 5000);
+        assert_eq!(later.requests[0].hash_ids, vec![0, 5]);
+        assert_eq!(later.block_tokens, t.block_tokens);
+        assert_eq!(later.slice(Some(2), None).requests[1].hash_ids, vec![0, 6]);
+        assert_eq!(t.skip(0), t);
+        assert!(t.skip(10).requests.is_empty());
+        assert!(t.skip(usize::MAX).requests.is_empty());
         let fast = t.speed_up(4.0).unwrap();
         assert_eq!(fast.requests[9].timestamp_ms, 2250);
         assert!(t.speed_up(0.0).is_err());

@@ -136,6 +136,7 @@ fn the_cli_runs_a_mixed_fleet_on_a_synthetic_workload() {
         synth: Some("long".into()),
         synth_seed: 4,
         trace_block_tokens: 512,
+        skip_requests: 0,
         max_requests: Some(60),
         engines: 16,
         preset: FAST.into(),

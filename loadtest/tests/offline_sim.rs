@@ -172,17 +172,15 @@ fn a_warm_up_request_moves_round_robin_by_one_place() {
     assert!(warm.iter().zip(&cold).all(|(w, c)| *w == (c + 1) % 4));
 }
 
-#[test]
-fn cli_writes_a_json_report() {
-    let dir = std::env::temp_dir().join(format!("kvgate-offline-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("tmp dir");
-    let out = dir.join("report.json");
-    let records = dir.join("records.jsonl");
-    let args = OfflineArgs {
+/// The CLI's arguments for a small run of the recorded conversation slice: 80 requests on 3
+/// engines, kvgate against round robin, the report and per-request records written out.
+fn small_cli_args(out: &std::path::Path, records: &std::path::Path) -> OfflineArgs {
+    OfflineArgs {
         trace: Some(data("conversation_slice.jsonl")),
         synth: None,
         synth_seed: 1,
         trace_block_tokens: 512,
+        skip_requests: 0,
         max_requests: Some(80),
         engines: 3,
         preset: "llama3-8b-h100".into(),
@@ -206,9 +204,18 @@ fn cli_writes_a_json_report() {
         no_floor: false,
         instances: false,
         jobs: Some(2),
-        json: Some(out.clone()),
-        records: Some(records.clone()),
-    };
+        json: Some(out.to_path_buf()),
+        records: Some(records.to_path_buf()),
+    }
+}
+
+#[test]
+fn cli_writes_a_json_report() {
+    let dir = std::env::temp_dir().join(format!("kvgate-offline-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let out = dir.join("report.json");
+    let records = dir.join("records.jsonl");
+    let args = small_cli_args(&out, &records);
     let report = run_cli(args).expect("cli run");
     let parsed: OfflineReport =
         serde_json::from_slice(&std::fs::read(&out).expect("read report")).expect("parse report");
@@ -250,6 +257,43 @@ fn cli_writes_a_json_report() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn a_later_window_of_the_trace_replays_from_time_zero() {
+    let dir = std::env::temp_dir().join(format!("kvgate-offline-skip-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let (out, records) = (dir.join("report.json"), dir.join("records.jsonl"));
+    let whole = Trace::load_with(data("conversation_slice.jsonl"), 512).expect("trace");
+    let first_left = &whole.requests[200];
+    assert!(
+        first_left.timestamp_ms > 0,
+        "the window must start later than the trace"
+    );
+    let args = OfflineArgs {
+        skip_requests: 200,
+        max_requests: Some(60),
+        policies: "round_robin".into(),
+        ..small_cli_args(&out, &records)
+    };
+    let report = run_cli(args.clone()).expect("cli run");
+    assert_eq!(report.params.requests, 60);
+    let text = std::fs::read_to_string(&records).expect("read records");
+    let first: serde_json::Value =
+        serde_json::from_str(text.lines().next().expect("a record")).expect("record line");
+    // The window's first request is sent at once, and it is request 200 of the file.
+    assert_eq!(first["index"], 0);
+    assert_eq!(first["scheduled_at_s"].as_f64(), Some(0.0));
+    assert_eq!(
+        first["input_length"].as_u64(),
+        Some(u64::from(first_left.input_length))
+    );
+    let past_the_end = OfflineArgs {
+        skip_requests: 300,
+        ..args
+    };
+    let e = run_cli(past_the_end).expect_err("nothing left to replay");
+    assert!(e.to_string().contains("no requests"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
 #[test]
 fn bad_overrides_and_policies_are_errors() {
     use kvgate_loadtest::offline::policies::{apply_overrides, resolve_policies};

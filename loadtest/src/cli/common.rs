@@ -27,7 +27,10 @@ pub struct WorkloadArgs {
     /// Tokens per trace block (the `hash_ids` granularity; 512 for Mooncake traces).
     #[arg(long, default_value_t = 512)]
     pub block_tokens: u32,
-    /// Use only the first N requests.
+    /// Leave out the first N requests; the rest start at time 0 (a later window of a trace).
+    #[arg(long, default_value_t = 0)]
+    pub skip_requests: usize,
+    /// Use only the first N requests (after --skip-requests).
     #[arg(long)]
     pub max_requests: Option<usize>,
     /// Use only requests within this many seconds of trace time from the first.
@@ -49,9 +52,14 @@ impl WorkloadArgs {
             Some(s) => bail!("--trace-window-s must be > 0, got {s}"),
             None => None,
         };
-        let t = trace.slice(self.max_requests, window);
+        let t = trace
+            .skip(self.skip_requests)
+            .slice(self.max_requests, window);
         if t.requests.is_empty() {
-            bail!("the workload has no requests");
+            bail!(
+                "the workload has no requests (after --skip-requests {})",
+                self.skip_requests
+            );
         }
         Ok(t)
     }

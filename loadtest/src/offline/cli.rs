@@ -40,7 +40,10 @@ pub struct OfflineArgs {
     /// Tokens per trace block (`hash_ids` granularity).
     #[arg(long, default_value_t = 512)]
     pub trace_block_tokens: u32,
-    /// Replay only the first N requests.
+    /// Leave out the first N requests; the rest start at time 0 (a later window of a trace).
+    #[arg(long, default_value_t = 0)]
+    pub skip_requests: usize,
+    /// Replay only the first N requests (after --skip-requests).
     #[arg(long)]
     pub max_requests: Option<usize>,
     /// Number of simulated engines.
@@ -267,8 +270,17 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
             ))
         }
     };
+    if args.skip_requests > 0 {
+        trace = trace.skip(args.skip_requests);
+    }
     if let Some(n) = args.max_requests {
         trace = trace.slice(Some(n), None);
+    }
+    if trace.requests.is_empty() {
+        return Err(OfflineError::Param(format!(
+            "the workload has no requests (after --skip-requests {})",
+            args.skip_requests
+        )));
     }
     if args.fleet.is_none() && args.engines == 0 {
         return Err(OfflineError::Param("--engines must be at least 1".into()));
