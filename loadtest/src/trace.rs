@@ -241,14 +241,17 @@ impl Trace {
 
     /// Drops the first `n` requests and moves the rest so the first left arrives at 0: a later
     /// window of a trace replays as if it were the trace's start (its requests still name the
-    /// dropped ones' blocks, which start cold).
+    /// dropped ones' blocks, which start cold). `skip(0)` is the trace as it is.
     pub fn skip(&self, n: usize) -> Trace {
+        if n == 0 {
+            return self.clone();
+        }
         let rest = self.requests.get(n..).unwrap_or_default();
         let start = rest.first().map_or(0, |r| r.timestamp_ms);
         let requests = rest
             .iter()
             .map(|r| TraceRequest {
-                timestamp_ms: r.timestamp_ms - start,
+                timestamp_ms: r.timestamp_ms.saturating_sub(start),
                 ..r.clone()
             })
             .collect();
@@ -472,6 +475,18 @@ mod tests {
         assert_eq!(later.block_tokens, t.block_tokens);
         assert_eq!(later.slice(Some(2), None).requests[1].hash_ids, vec![0, 6]);
         assert_eq!(t.skip(0), t);
+        // Nothing skipped, nothing moved: a trace that starts late keeps its start.
+        let late = (0..3)
+            .map(|i| TraceRequest {
+                timestamp_ms: 3000 + i * 1000,
+                input_length: 6,
+                output_length: 3,
+                hash_ids: vec![0, i + 1],
+            })
+            .collect();
+        let late = Trace::from_requests(late, 4).unwrap();
+        assert_eq!(late.skip(0).requests[0].timestamp_ms, 3000);
+        assert_eq!(late.skip(1).requests[0].timestamp_ms, 0);
         assert!(t.skip(10).requests.is_empty());
         assert!(t.skip(usize::MAX).requests.is_empty());
         let fast = t.speed_up(4.0).unwrap();

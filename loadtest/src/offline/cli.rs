@@ -270,9 +270,7 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
             ))
         }
     };
-    if args.skip_requests > 0 {
-        trace = trace.skip(args.skip_requests);
-    }
+    trace = trace.skip(args.skip_requests);
     if let Some(n) = args.max_requests {
         trace = trace.slice(Some(n), None);
     }
