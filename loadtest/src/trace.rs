@@ -242,23 +242,17 @@ impl Trace {
     /// Drops the first `n` requests and moves the rest so the first left arrives at 0: a later
     /// window of a trace replays as if it were the trace's start (its requests still name the
     /// dropped ones' blocks, which start cold). `skip(0)` is the trace as it is.
-    pub fn skip(&self, n: usize) -> Trace {
+    pub fn skip(mut self, n: usize) -> Trace {
         if n == 0 {
-            return self.clone();
+            return self;
         }
-        let rest = self.requests.get(n..).unwrap_or_default();
+        let mut rest = self.requests.split_off(n.min(self.requests.len()));
         let start = rest.first().map_or(0, |r| r.timestamp_ms);
-        let requests = rest
-            .iter()
-            .map(|r| TraceRequest {
-                timestamp_ms: r.timestamp_ms.saturating_sub(start),
-                ..r.clone()
-            })
-            .collect();
-        Trace {
-            requests,
-            block_tokens: self.block_tokens,
+        for r in &mut rest {
+            r.timestamp_ms = r.timestamp_ms.saturating_sub(start);
         }
+        self.requests = rest;
+        self
     }
 
     /// Keeps at most `max_requests` requests arriving within `max_duration` of the first one.
@@ -467,14 +461,14 @@ mod tests {
                 .len(),
             5
         );
-        let later = t.skip(4);
+        let later = t.clone().skip(4);
         assert_eq!(later.requests.len(), 6);
         assert_eq!(later.requests[0].timestamp_ms, 0);
         assert_eq!(later.requests[5].timestamp_ms, 5000);
         assert_eq!(later.requests[0].hash_ids, vec![0, 5]);
         assert_eq!(later.block_tokens, t.block_tokens);
         assert_eq!(later.slice(Some(2), None).requests[1].hash_ids, vec![0, 6]);
-        assert_eq!(t.skip(0), t);
+        assert_eq!(t.clone().skip(0), t);
         // Nothing skipped, nothing moved: a trace that starts late keeps its start.
         let late = (0..3)
             .map(|i| TraceRequest {
@@ -485,10 +479,10 @@ mod tests {
             })
             .collect();
         let late = Trace::from_requests(late, 4).unwrap();
-        assert_eq!(late.skip(0).requests[0].timestamp_ms, 3000);
+        assert_eq!(late.clone().skip(0).requests[0].timestamp_ms, 3000);
         assert_eq!(late.skip(1).requests[0].timestamp_ms, 0);
-        assert!(t.skip(10).requests.is_empty());
-        assert!(t.skip(usize::MAX).requests.is_empty());
+        assert!(t.clone().skip(10).requests.is_empty());
+        assert!(t.clone().skip(usize::MAX).requests.is_empty());
         let fast = t.speed_up(4.0).unwrap();
         assert_eq!(fast.requests[9].timestamp_ms, 2250);
         assert!(t.speed_up(0.0).is_err());
