@@ -745,6 +745,9 @@ impl Peers for GossipPeers<'_> {
     fn retract(&self, chosen: InstanceId, hashes: &[BlockHash], known: usize, now: Millis) {
         self.0.retract_decision(chosen, hashes, known, now);
     }
+    fn dispatched(&self, instance: InstanceId, load: RouterLoad) {
+        self.0.publish_dispatch(instance, load);
+    }
     fn live_peers(&self) -> u32 {
         u32::try_from(self.0.live_peers()).unwrap_or(u32::MAX)
     }

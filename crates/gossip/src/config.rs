@@ -47,6 +47,15 @@ pub struct GossipConfig {
     pub flush_interval_ms: u64,
     /// How often this replica's in-flight load and health observations are pushed.
     pub load_interval_ms: u64,
+    /// Push this replica's load (and its pending decisions) to every live peer as soon as it
+    /// dispatches a request, instead of on the next load tick: a peer deciding a moment later
+    /// sees the dispatch. Pushes are spaced at least `push_gap_ms` apart; dispatches in between
+    /// go out together at the end of the gap. Off: a dispatch reaches peers on the next flush and
+    /// load ticks (up to `flush_interval_ms` and twice `load_interval_ms` later).
+    pub push_on_dispatch: bool,
+    /// Least spacing of dispatch pushes, in wall ms: bounds them to `1000 / push_gap_ms` per
+    /// second, each one load datagram (and a decision batch) to every live peer.
+    pub push_gap_ms: u64,
     /// SWIM probe period.
     pub probe_period_ms: u64,
     /// SWIM probe round-trip timeout (must be below `probe_period_ms`).
@@ -105,6 +114,8 @@ impl Default for GossipConfig {
             previous_secrets: Vec::new(),
             flush_interval_ms: 25,
             load_interval_ms: 50,
+            push_on_dispatch: false,
+            push_gap_ms: 1,
             probe_period_ms: 1_000,
             probe_rtt_ms: 400,
             suspect_to_down_ms: 3_000,
@@ -187,9 +198,10 @@ impl GossipConfig {
                 format!("must be within 1024..={MAX_UDP_PAYLOAD}"),
             ));
         }
-        let positive: [(&'static str, u64); 8] = [
+        let positive: [(&'static str, u64); 9] = [
             ("flush_interval_ms", self.flush_interval_ms),
             ("load_interval_ms", self.load_interval_ms),
+            ("push_gap_ms", self.push_gap_ms),
             ("probe_period_ms", self.probe_period_ms),
             ("probe_rtt_ms", self.probe_rtt_ms),
             ("suspect_to_down_ms", self.suspect_to_down_ms),
@@ -250,6 +262,9 @@ mod tests {
         let mut c = enabled();
         c.flush_interval_ms = 0;
         assert_eq!(c.validate().map_err(|e| e.key), Err("flush_interval_ms"));
+        let mut c = enabled();
+        c.push_gap_ms = 0;
+        assert_eq!(c.validate().map_err(|e| e.key), Err("push_gap_ms"));
         let mut c = enabled();
         c.probe_rtt_ms = c.probe_period_ms;
         assert_eq!(c.validate().map_err(|e| e.key), Err("probe_rtt_ms"));

@@ -1,6 +1,7 @@
 //! The flush loop: every `flush_interval_ms`, pending decisions become delta batches pushed to
 //! every live peer; every `load_interval_ms` (when changed, or at least every second) the load and
-//! health shares are pushed; a few times a second, housekeeping.
+//! health shares are pushed; a few times a second, housekeeping. With `push_on_dispatch`, a
+//! dispatch also wakes it to push both at once.
 //!
 //! Invariants:
 //! - Decisions and retractions leave in the order they were recorded: one queue, drained whole
@@ -10,6 +11,8 @@
 //!   the bounded resend log before it is sent.
 //! - A decision's TTL on the wire is the configured prediction TTL minus its age at sending, so a
 //!   delayed batch never extends a prediction.
+//! - Dispatch pushes are at least `push_gap_ms` apart: at most `1000 / push_gap_ms` a second
+//!   besides the ticks, however many requests are dispatched.
 
 use crate::checkpoints::checkpoint_positions;
 use crate::node::{wall_ms, Inner, PendingDecision};
@@ -30,25 +33,40 @@ const HOUSEKEEPING_MS: u64 = 250;
 pub(crate) async fn run(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_millis(inner.cfg.flush_interval_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let gap = Duration::from_millis(inner.cfg.push_gap_ms);
     let mut last_load = 0u64;
     let mut last_house = 0u64;
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
+        let pushed = tokio::select! {
+            _ = tick.tick() => false,
+            _ = inner.dispatched.notified(), if inner.cfg.push_on_dispatch => true,
             _ = shutdown.changed() => {
                 flush_decisions(&inner).await;
                 break;
             }
-        }
+        };
         flush_decisions(&inner).await;
         let now = inner.now();
-        if now.saturating_sub(last_load) >= inner.cfg.load_interval_ms {
+        if pushed {
+            // Sent only if changed; the periodic load tick keeps its own cadence.
+            flush_load(&inner, now).await;
+        } else if now.saturating_sub(last_load) >= inner.cfg.load_interval_ms {
             last_load = now;
             flush_load(&inner, now).await;
         }
         if now.saturating_sub(last_house) >= HOUSEKEEPING_MS {
             last_house = now;
             inner.housekeeping().await;
+        }
+        if pushed {
+            // Spaces pushes: dispatches meanwhile leave one wake, answered after the gap.
+            tokio::select! {
+                _ = tokio::time::sleep(gap) => {}
+                _ = shutdown.changed() => {
+                    flush_decisions(&inner).await;
+                    break;
+                }
+            }
         }
     }
 }
@@ -202,5 +220,127 @@ async fn flush_load(inner: &Inner, now: u64) {
     if shares.is_empty() {
         payload::encode_load(&[], &mut buf);
         inner.send_sealed(Kind::Load, &buf, &dests).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The flush task driven on tokio's paused clock, its datagrams captured and handed to a
+    //! peer by hand.
+
+    use super::*;
+    use crate::testkit::{config, Replica};
+    use crate::wire::envelope::ReplayGuard;
+    use kvgate_core::load::RouterLoad;
+
+    /// Ticks that never come within a test: only dispatch pushes send anything.
+    fn quiet(push_on_dispatch: bool) -> crate::GossipConfig {
+        crate::GossipConfig {
+            flush_interval_ms: 3_600_000,
+            load_interval_ms: 3_600_000,
+            push_on_dispatch,
+            push_gap_ms: 1,
+            ..config(1)
+        }
+    }
+
+    fn pair(push_on_dispatch: bool) -> (Replica, Replica) {
+        let a = Replica::new(0xA1, 7101, quiet(push_on_dispatch));
+        let b = Replica::new(0xB1, 7102, quiet(push_on_dispatch));
+        a.knows(&b);
+        b.knows(&a);
+        // Membership would mark A up at B; no membership task runs here.
+        b.inner.peers.lock().entry(a.inner.node_id).or_default().up = true;
+        (a, b)
+    }
+
+    /// What `Gossip::publish_dispatch` does, on the harness's state.
+    fn dispatch(r: &Replica, in_flight: u32) {
+        let id = InstanceId(1);
+        enqueue(&r.inner, id, &[u64::from(in_flight) + 10], 0, 0, false);
+        let mut l = r.inner.local.lock();
+        l.loads.insert(
+            id,
+            RouterLoad {
+                in_flight,
+                ..RouterLoad::default()
+            },
+        );
+        l.dirty = true;
+        drop(l);
+        if r.inner.cfg.push_on_dispatch {
+            r.inner.dispatched.notify_one();
+        }
+    }
+
+    async fn deliver(to: &Replica, from: &Replica, datagrams: &[Vec<u8>]) {
+        let mut guard = ReplayGuard::new(to.inner.cfg.max_clock_skew_ms);
+        let mut plain = Vec::new();
+        for d in datagrams {
+            crate::recv::handle(&to.inner, d, from.inner.addr, &mut guard, &mut plain).await;
+        }
+    }
+
+    /// Lets the spawned flush task run until it waits again, moving the paused clock by `us`.
+    async fn settle(us: u64) {
+        tokio::time::advance(Duration::from_micros(us)).await;
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dispatch_is_pushed_at_once_and_pushes_are_spaced() {
+        let (a, b) = pair(true);
+        let (stop, rx) = watch::channel(false);
+        let task = tokio::spawn(run(a.inner.clone(), rx));
+        settle(0).await;
+        assert!(a.take_sent().is_empty(), "nothing to say before a dispatch");
+
+        // One dispatch: its decision and the load go out without waiting for a tick.
+        dispatch(&a, 1);
+        settle(0).await;
+        let sent = a.take_sent();
+        assert_eq!(sent.len(), 2, "one decision batch and one load share");
+        deliver(&b, &a, &sent).await;
+        assert_eq!(b.inner.agg.read().load[1].in_flight, 1);
+        assert_eq!(b.holds(1, &[11]), 1);
+
+        // Fifty dispatches 100 µs apart (5 ms): pushed at most once per millisecond, the last
+        // state included.
+        settle(1_000).await;
+        for k in 2..52 {
+            dispatch(&a, k);
+            settle(100).await;
+        }
+        settle(2_000).await;
+        let sent = a.take_sent();
+        let pushes = sent.len() / 2;
+        assert!(
+            (4..=7).contains(&pushes),
+            "{pushes} pushes for 50 dispatches in 5 ms"
+        );
+        deliver(&b, &a, &sent).await;
+        assert_eq!(b.inner.agg.read().load[1].in_flight, 51);
+        assert_eq!(b.holds(1, &[61]), 1, "the last decision arrived");
+
+        let _ = stop.send(true);
+        let _ = task.await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_push_on_dispatch_a_dispatch_waits_for_the_ticks() {
+        let (a, _b) = pair(false);
+        let (stop, rx) = watch::channel(false);
+        let task = tokio::spawn(run(a.inner.clone(), rx));
+        settle(0).await;
+        a.take_sent();
+        dispatch(&a, 1);
+        settle(10_000).await;
+        assert!(a.take_sent().is_empty(), "sent before the flush tick");
+        // Shutdown flushes the decision.
+        let _ = stop.send(true);
+        let _ = task.await;
+        assert_eq!(a.take_sent().len(), 1);
     }
 }

@@ -239,6 +239,17 @@ impl Gossip {
         }
     }
 
+    /// Publishes this replica's load on `instance` right after it dispatched a request there;
+    /// with `push_on_dispatch` the flush task pushes it (and pending decisions) to every live
+    /// peer at once, spaced by `push_gap_ms`; otherwise it waits for the next load tick like
+    /// [`Gossip::publish_load`]. Cheap: one short lock and a wake.
+    pub fn publish_dispatch(&self, instance: InstanceId, load: RouterLoad) {
+        self.publish_load(&[(instance, load)]);
+        if self.inner.cfg.push_on_dispatch {
+            self.inner.dispatched.notify_one();
+        }
+    }
+
     /// Sends this replica's cumulative usage per tenant to every live peer now (chunked into
     /// datagrams of at most [`crate::wire::payload::MAX_USAGE_ENTRIES`] entries; sealed like the rest).
     pub async fn publish_usage(&self, usage: &[crate::wire::payload::Usage]) {
@@ -312,10 +323,16 @@ impl Gossip {
         self.inner.node_id
     }
 
-    /// The longest a peer's dispatch stays out of [`Gossip::peer_load`] here, transit aside: the
-    /// peer publishes its load every `load_interval_ms` and sends it on its next load tick.
+    /// The longest a peer's dispatch stays out of [`Gossip::peer_load`] here, transit aside:
+    /// with `push_on_dispatch` the spacing of pushes; otherwise the peer publishes its load every
+    /// `load_interval_ms` and sends it on its next load tick. (Assumes peers configured alike.)
     pub fn unseen_window_ms(&self) -> Millis {
-        self.inner.cfg.load_interval_ms.saturating_mul(2)
+        let c = &self.inner.cfg;
+        if c.push_on_dispatch {
+            c.push_gap_ms
+        } else {
+            c.load_interval_ms.saturating_mul(2)
+        }
     }
 
     /// Members, their state, last heard, lag and bytes, for `/admin/cluster`.

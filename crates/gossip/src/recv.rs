@@ -40,7 +40,7 @@ pub(crate) async fn run(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) 
     }
 }
 
-async fn handle(
+pub(crate) async fn handle(
     inner: &Arc<Inner>,
     d: &[u8],
     src: SocketAddr,

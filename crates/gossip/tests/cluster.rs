@@ -132,6 +132,37 @@ async fn replicas_score_on_each_others_load() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_push_on_dispatch_a_dispatch_needs_no_tick() {
+    // Flush and load ticks an hour apart: only the dispatch push can carry anything.
+    let c = cluster_of(2, |cfg| kvgate_gossip::GossipConfig {
+        flush_interval_ms: 3_600_000,
+        load_interval_ms: 3_600_000,
+        push_on_dispatch: true,
+        ..cfg
+    })
+    .await;
+    let (a, b) = (&c[0], &c[1]);
+    let prompt = chain(70, 40);
+    a.decide(2, &prompt);
+    let load = RouterLoad {
+        in_flight: 1,
+        pending_prefill_tokens: 640,
+        ..RouterLoad::default()
+    };
+    a.gossip.publish_dispatch(a.id(2), load);
+    let ok = wait_until(CONVERGE, || {
+        b.gossip.peer_load(b.id(2)) == load && b.holds(2, &prompt) == 40
+    })
+    .await;
+    assert!(ok, "B did not see A's dispatch");
+    // Its unseen window is the spacing of pushes, not two load ticks.
+    assert_eq!(b.gossip.unseen_window_ms(), 1);
+    for n in c {
+        n.gossip.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_replica_catches_up_from_snapshots() {
     let mut c = cluster(3).await;
     let before = chain(10, 200);

@@ -144,11 +144,17 @@ pub async fn cluster(n: usize) -> Vec<Node> {
 
 /// Starts `n` replicas sharing placements at `checkpoint_stride`.
 pub async fn cluster_with(n: usize, stride: usize) -> Vec<Node> {
-    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
-    let cfg = |seeds: &[SocketAddr]| GossipConfig {
+    cluster_of(n, |c| GossipConfig {
         checkpoint_stride: stride,
-        ..fast_config(seeds)
-    };
+        ..c
+    })
+    .await
+}
+
+/// Starts `n` replicas, each with `fast_config` changed by `f`.
+pub async fn cluster_of(n: usize, f: impl Fn(GossipConfig) -> GossipConfig) -> Vec<Node> {
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let cfg = |seeds: &[SocketAddr]| f(fast_config(seeds));
     let first = Node::start(any, cfg(&[]), false).await;
     let seed = first.addr;
     let mut v = vec![first];
