@@ -26,6 +26,7 @@ pub enum ContenderSpec {
         policy: PolicyName,
         /// Policy parameter overrides (`KEY=VALUE`, keys as in `offline --set`), applied to the
         /// base config's policy section: two variants of one policy can run in one comparison.
+        /// Keys under `gossip.` set the replicas' gossip section instead.
         #[serde(skip_serializing_if = "Vec::is_empty")]
         overrides: Vec<String>,
         /// Gateway replicas sharing placements and load by gossip, each request sent to one of
@@ -124,6 +125,7 @@ impl ContenderSpec {
 
     /// Parses a CLI contender: a kvgate policy name (`kvgate`, `round_robin`, ...), optionally
     /// with policy overrides in brackets (`kvgate[kvgate.objective=e2e;kvgate.decode_weight=0.5]`,
+    /// or gossip settings of replicas: `kvgate[gossip.push_on_dispatch=true]*8`,
     /// shown under that whole name), a preset (`smg`, `sglang-router`, `vllm-router`), or
     /// `NAME=COMMAND TEMPLATE`.
     pub fn parse(s: &str) -> Result<Self, String> {

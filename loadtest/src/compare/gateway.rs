@@ -172,7 +172,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(15);
 /// tokens/s, decode step costs, interference, overhead), the policy's prices and targets in
 /// ms, the engine-load scrape interval and staleness bound, and the two gossip intervals that
 /// carry decisions and load between replicas (`flush_interval_ms`, `load_interval_ms`; at least
-/// 1 ms; membership timing stays as configured). The gateway measures in wall time, so a
+/// 1 ms; membership timing and `push_gap_ms`, a bound on datagrams per second, stay as
+/// configured). The gateway measures in wall time, so a
 /// configuration meant for real engines would start its rates `time_scale` times too slow;
 /// learning corrects that only after hundreds of requests, and a replay of a few hundred would
 /// be routed by the configured starting points instead of what the engines do. At

@@ -145,6 +145,32 @@ pub async fn run_one(
     result.unwrap_or_else(|e| ContenderResult::failed(spec, e))
 }
 
+/// Applies a kvgate contender's bracketed overrides to its gateway config: `gossip.KEY=VALUE`
+/// to the `[gossip]` section (its keys relative to it), every other key to the routing policy's
+/// section (the keys of `offline --set`).
+fn apply_contender_overrides(
+    c: &mut kvgate::config::Config,
+    overrides: &[String],
+) -> Result<(), String> {
+    let (gossip, policy): (Vec<String>, Vec<String>) = overrides
+        .iter()
+        .map(|o| o.trim().to_string())
+        .partition(|o| o.starts_with("gossip."));
+    if !policy.is_empty() {
+        c.routing.policy = crate::offline::policies::apply_overrides_to(&c.routing.policy, &policy)
+            .map_err(|e| e.to_string())?;
+    }
+    if !gossip.is_empty() {
+        let keys: Vec<String> = gossip
+            .iter()
+            .map(|o| o.trim_start_matches("gossip.").to_string())
+            .collect();
+        c.gossip = crate::offline::policies::apply_json_overrides(&c.gossip, &keys, "gossip")
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 async fn start_router(
     cfg: &CompareConfig,
     spec: &ContenderSpec,
@@ -164,11 +190,7 @@ async fn start_router(
                 &fleet.instances(),
                 &cfg.fleet.model,
             );
-            if !overrides.is_empty() {
-                c.routing.policy =
-                    crate::offline::policies::apply_overrides_to(&c.routing.policy, overrides)
-                        .map_err(|e| e.to_string())?;
-            }
+            apply_contender_overrides(&mut c, overrides)?;
             let g = gateway::InProcessGateway::start_replicas(
                 c,
                 *replicas as usize,
@@ -342,4 +364,38 @@ async fn run_on_fleet(
             Vec::new()
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::apply_contender_overrides;
+    use kvgate::config::Config;
+
+    #[test]
+    fn gossip_keys_set_the_gossip_section_and_the_rest_the_policy() {
+        let base = Config::default();
+        let mut c = base.clone();
+        let o = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        apply_contender_overrides(
+            &mut c,
+            &o(&[
+                "gossip.push_on_dispatch=true",
+                " gossip.push_gap_ms=5",
+                "kvgate.decode_weight=0.25",
+            ]),
+        )
+        .expect("valid overrides");
+        assert!(c.gossip.push_on_dispatch);
+        assert_eq!(c.gossip.push_gap_ms, 5);
+        assert_eq!(c.routing.policy.kvgate.decode_weight, 0.25);
+        assert_eq!(c.gossip.load_interval_ms, base.gossip.load_interval_ms);
+
+        let mut c = base.clone();
+        let err = apply_contender_overrides(&mut c, &o(&["gossip.no_such_key=1"]))
+            .expect_err("unknown gossip key");
+        assert!(err.contains("no_such_key"), "{err}");
+        let err = apply_contender_overrides(&mut c, &o(&["gossip.push_gap_ms=\"soon\""]))
+            .expect_err("ill-typed value");
+        assert!(err.contains("gossip"), "{err}");
+    }
 }

@@ -67,8 +67,19 @@ pub fn apply_overrides_to(
     base: &PolicyConfig,
     overrides: &[String],
 ) -> Result<PolicyConfig, OfflineError> {
+    apply_json_overrides(base, overrides, "policy config")
+}
+
+/// `base` (any serde section, here called `what`) with `overrides` (`a.b=value`, keys relative
+/// to the section) applied through its JSON form; a field the section does not serialize (a
+/// secret) comes back at its default.
+pub fn apply_json_overrides<T: serde::Serialize + serde::de::DeserializeOwned>(
+    base: &T,
+    overrides: &[String],
+    what: &str,
+) -> Result<T, OfflineError> {
     let bad = |m: String| OfflineError::Param(m);
-    let mut v = serde_json::to_value(base).map_err(|e| bad(format!("policy config: {e}")))?;
+    let mut v = serde_json::to_value(base).map_err(|e| bad(format!("{what}: {e}")))?;
     for o in overrides {
         let (key, raw) = o
             .split_once('=')
@@ -97,5 +108,5 @@ pub fn apply_overrides_to(
             at = slot;
         }
     }
-    serde_json::from_value(v).map_err(|e| bad(format!("policy config after overrides: {e}")))
+    serde_json::from_value(v).map_err(|e| bad(format!("{what} after overrides: {e}")))
 }
