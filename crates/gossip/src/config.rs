@@ -114,7 +114,7 @@ impl Default for GossipConfig {
             previous_secrets: Vec::new(),
             flush_interval_ms: 25,
             load_interval_ms: 50,
-            push_on_dispatch: false,
+            push_on_dispatch: true,
             push_gap_ms: 1,
             probe_period_ms: 1_000,
             probe_rtt_ms: 400,
