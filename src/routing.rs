@@ -231,9 +231,16 @@ impl Routing {
         })
     }
 
-    /// Attaches running gossip (once): decisions are shared and peers' load is scored.
+    /// Attaches running gossip (once): decisions are shared and peers' load is scored; every
+    /// change of this gateway's load (dispatch, first token, release) is published to it at once
+    /// (pushed to peers with `gossip.push_on_change`, else on the next load tick).
     pub fn set_gossip(&self, gossip: kvgate_gossip::Gossip) {
-        let _ = self.gossip.set(gossip);
+        let publish = gossip.clone();
+        if self.gossip.set(gossip).is_ok() {
+            self.router.load().set_on_change(Arc::new(move |id, load| {
+                publish.publish_load_change(id, load)
+            }));
+        }
     }
 
     /// Running gossip, if any.
@@ -744,9 +751,6 @@ impl Peers for GossipPeers<'_> {
     }
     fn retract(&self, chosen: InstanceId, hashes: &[BlockHash], known: usize, now: Millis) {
         self.0.retract_decision(chosen, hashes, known, now);
-    }
-    fn dispatched(&self, instance: InstanceId, load: RouterLoad) {
-        self.0.publish_dispatch(instance, load);
     }
     fn live_peers(&self) -> u32 {
         u32::try_from(self.0.live_peers()).unwrap_or(u32::MAX)

@@ -3,7 +3,8 @@
 //! Invariants:
 //! - Router-tracked counters change only through [`LoadGuard`]: taken at dispatch, advanced at the
 //!   first token, released on drop (response finished, failed or the client went away), so counters
-//!   can never leak or go negative.
+//!   can never leak or go negative. Each of the three calls the tracker's change hook, if one is
+//!   set, with the instance's counters after the change (gossip pushes them to peers).
 //! - Engine-reported load is a snapshot with its age; the caller marks it stale, routing never waits
 //!   for it.
 //! - Rate estimates start at configured values and move by bounded EWMA steps from observations.
@@ -92,7 +93,13 @@ pub struct EngineLoad {
 /// the request path.
 pub struct LoadTracker {
     slots: Box<[Slot]>,
+    /// Told of every change of a tracked instance's counters, set once.
+    on_change: std::sync::OnceLock<LoadChangeHook>,
 }
+
+/// Receives an instance's router-tracked counters right after they changed (a dispatch, a first
+/// token, a release). Runs on the request path: it must be cheap and never block.
+pub type LoadChangeHook = Arc<dyn Fn(InstanceId, RouterLoad) + Send + Sync>;
 
 #[derive(Default)]
 struct Slot {
@@ -111,6 +118,16 @@ impl LoadTracker {
     pub fn new(instances: usize) -> Self {
         Self {
             slots: (0..instances).map(|_| Slot::default()).collect(),
+            on_change: std::sync::OnceLock::new(),
+        }
+    }
+    /// Sets the hook told of every change (once; later calls are ignored).
+    pub fn set_on_change(&self, hook: LoadChangeHook) {
+        let _ = self.on_change.set(hook);
+    }
+    fn changed(&self, instance: InstanceId) {
+        if let Some(h) = self.on_change.get() {
+            h(instance, self.snapshot(instance));
         }
     }
     /// Number of instances tracked.
@@ -170,6 +187,9 @@ impl LoadTracker {
             }
             None => false,
         };
+        if tracked {
+            self.changed(instance);
+        }
         LoadGuard {
             tracker: Arc::clone(self),
             instance,
@@ -217,6 +237,7 @@ impl LoadGuard {
                 .fetch_add(self.size.decode_context_tokens, Ordering::Relaxed);
             s.decoding_output_tokens
                 .fetch_add(self.size.expected_output_tokens, Ordering::Relaxed);
+            self.tracker.changed(self.instance);
         }
     }
     /// The instance this guard accounts against.
@@ -259,6 +280,7 @@ impl Drop for LoadGuard {
                 s.decoding_output_tokens
                     .fetch_sub(self.size.expected_output_tokens, Ordering::Relaxed);
             }
+            self.tracker.changed(self.instance);
         }
     }
 }
@@ -286,6 +308,28 @@ pub struct InstanceRates {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_change_hook_sees_every_change_after_it_happened() {
+        let t = Arc::new(LoadTracker::new(2));
+        let seen: Arc<parking_lot::Mutex<Vec<(InstanceId, RouterLoad)>>> = Arc::default();
+        let sink = seen.clone();
+        t.set_on_change(Arc::new(move |id, load| sink.lock().push((id, load))));
+        let i = InstanceId(1);
+        let mut g = t.dispatch(i, 100);
+        g.first_token();
+        g.first_token(); // idempotent: no second change
+        drop(g);
+        // An id out of range changes nothing and tells nothing.
+        drop(t.dispatch(InstanceId(9), 10));
+        let seen = seen.lock();
+        let at = |k: usize| seen[k].1;
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        assert!(seen.iter().all(|(id, _)| *id == i));
+        assert_eq!((at(0).in_flight, at(0).pending_prefill_tokens), (1, 100));
+        assert_eq!((at(1).pending_prefill_tokens, at(1).decoding), (0, 1));
+        assert_eq!(at(2), RouterLoad::default());
+    }
 
     #[test]
     fn guard_lifecycle() {

@@ -55,10 +55,6 @@ pub trait Peers {
     /// Takes a shared decision back: the request never reached `chosen`, so the blocks past
     /// `known_blocks` will not be there.
     fn retract(&self, chosen: InstanceId, hashes: &[BlockHash], known_blocks: usize, now: Millis);
-    /// Tells peers this replica just dispatched a request to `instance`, whose own load here is
-    /// now `load` (the dispatch included). Peers that share load at once learn of it before their
-    /// next decisions; the default shares it on the peers' own schedule (does nothing here).
-    fn dispatched(&self, _instance: InstanceId, _load: RouterLoad) {}
     /// Peers currently live (deciding requests of their own).
     fn live_peers(&self) -> u32 {
         0
@@ -326,9 +322,6 @@ impl Router {
             u64::from(req.expected_output_tokens),
         );
         let guard = self.load.dispatch_sized(decision.chosen, size);
-        if let Some(p) = peers {
-            p.dispatched(decision.chosen, self.load.snapshot(decision.chosen));
-        }
         Some(Routed {
             decision,
             guard,
@@ -540,7 +533,6 @@ mod tests {
         materialized: Mutex<usize>,
         recorded: Mutex<Vec<(InstanceId, usize, usize)>>,
         retracted: Mutex<Vec<(InstanceId, usize, usize)>>,
-        dispatched: Mutex<Vec<(InstanceId, RouterLoad)>>,
     }
 
     impl Peers for Recorder {
@@ -561,9 +553,6 @@ mod tests {
         }
         fn retract(&self, chosen: InstanceId, hashes: &[BlockHash], known: usize, _: Millis) {
             self.retracted.lock().push((chosen, hashes.len(), known));
-        }
-        fn dispatched(&self, instance: InstanceId, load: RouterLoad) {
-            self.dispatched.lock().push((instance, load));
         }
         fn live_peers(&self) -> u32 {
             self.live
@@ -771,11 +760,6 @@ mod tests {
         assert_eq!(first.at_dispatch.in_flight, 2, "peers' load is counted");
         assert_eq!(*peers.materialized.lock(), 1);
         assert_eq!(peers.recorded.lock()[0], (chosen, 8, 0));
-        // Peers are told of the dispatch with this router's own load there, the dispatch in it.
-        assert_eq!(
-            peers.dispatched.lock().as_slice(),
-            &[(chosen, r.load().snapshot(chosen))]
-        );
         // The prediction makes the next identical prompt a full match there.
         let second = route3(&r, &mut scratch, &hashes, 2, None);
         let held = scratch

@@ -48,12 +48,13 @@ pub struct GossipConfig {
     /// How often this replica's in-flight load and health observations are pushed.
     pub load_interval_ms: u64,
     /// Push this replica's load (and its pending decisions) to every live peer as soon as it
-    /// dispatches a request, instead of on the next load tick: a peer deciding a moment later
-    /// sees the dispatch. Pushes are spaced at least `push_gap_ms` apart; dispatches in between
-    /// go out together at the end of the gap. Off: a dispatch reaches peers on the next flush and
-    /// load ticks (up to `flush_interval_ms` and twice `load_interval_ms` later).
-    pub push_on_dispatch: bool,
-    /// Least spacing of dispatch pushes, in wall ms: bounds them to `1000 / push_gap_ms` per
+    /// changes (a request dispatched, its first token, its end), instead of on the next load
+    /// tick: a peer deciding a moment later sees it. Pushes are spaced at least `push_gap_ms`
+    /// apart; changes in between go out together at the end of the gap. Off: a change reaches
+    /// peers on the next flush and load ticks (up to `flush_interval_ms` and twice
+    /// `load_interval_ms` later).
+    pub push_on_change: bool,
+    /// Least spacing of pushes on change, in wall ms: bounds them to `1000 / push_gap_ms` per
     /// second, each one load datagram (and a decision batch) to every live peer.
     pub push_gap_ms: u64,
     /// SWIM probe period.
@@ -114,7 +115,7 @@ impl Default for GossipConfig {
             previous_secrets: Vec::new(),
             flush_interval_ms: 25,
             load_interval_ms: 50,
-            push_on_dispatch: true,
+            push_on_change: true,
             push_gap_ms: 1,
             probe_period_ms: 1_000,
             probe_rtt_ms: 400,

@@ -1,7 +1,7 @@
 //! The flush loop: every `flush_interval_ms`, pending decisions become delta batches pushed to
 //! every live peer; every `load_interval_ms` (when changed, or at least every second) the load and
-//! health shares are pushed; a few times a second, housekeeping. With `push_on_dispatch`, a
-//! dispatch also wakes it to push both at once.
+//! health shares are pushed; a few times a second, housekeeping. With `push_on_change`, a
+//! change of this replica's load also wakes it to push both at once.
 //!
 //! Invariants:
 //! - Decisions and retractions leave in the order they were recorded: one queue, drained whole
@@ -11,8 +11,8 @@
 //!   the bounded resend log before it is sent.
 //! - A decision's TTL on the wire is the configured prediction TTL minus its age at sending, so a
 //!   delayed batch never extends a prediction.
-//! - Dispatch pushes are at least `push_gap_ms` apart: at most `1000 / push_gap_ms` a second
-//!   besides the ticks, however many requests are dispatched.
+//! - Pushes on change are at least `push_gap_ms` apart: at most `1000 / push_gap_ms` a second
+//!   besides the ticks, however often the load changes.
 
 use crate::checkpoints::checkpoint_positions;
 use crate::node::{wall_ms, Inner, PendingDecision};
@@ -39,7 +39,7 @@ pub(crate) async fn run(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) 
     loop {
         let pushed = tokio::select! {
             _ = tick.tick() => false,
-            _ = inner.dispatched.notified(), if inner.cfg.push_on_dispatch => true,
+            _ = inner.changed.notified(), if inner.cfg.push_on_change => true,
             _ = shutdown.changed() => {
                 flush_decisions(&inner).await;
                 break;
@@ -59,7 +59,7 @@ pub(crate) async fn run(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) 
             inner.housekeeping().await;
         }
         if pushed {
-            // Spaces pushes: dispatches meanwhile leave one wake, answered after the gap.
+            // Spaces pushes: changes meanwhile leave one wake, answered after the gap.
             tokio::select! {
                 _ = tokio::time::sleep(gap) => {}
                 _ = shutdown.changed() => {
@@ -233,20 +233,20 @@ mod tests {
     use crate::wire::envelope::ReplayGuard;
     use kvgate_core::load::RouterLoad;
 
-    /// Ticks that never come within a test: only dispatch pushes send anything.
-    fn quiet(push_on_dispatch: bool) -> crate::GossipConfig {
+    /// Ticks that never come within a test: only pushes on change send anything.
+    fn quiet(push_on_change: bool) -> crate::GossipConfig {
         crate::GossipConfig {
             flush_interval_ms: 3_600_000,
             load_interval_ms: 3_600_000,
-            push_on_dispatch,
+            push_on_change,
             push_gap_ms: 1,
             ..config(1)
         }
     }
 
-    fn pair(push_on_dispatch: bool) -> (Replica, Replica) {
-        let a = Replica::new(0xA1, 7101, quiet(push_on_dispatch));
-        let b = Replica::new(0xB1, 7102, quiet(push_on_dispatch));
+    fn pair(push_on_change: bool) -> (Replica, Replica) {
+        let a = Replica::new(0xA1, 7101, quiet(push_on_change));
+        let b = Replica::new(0xB1, 7102, quiet(push_on_change));
         a.knows(&b);
         b.knows(&a);
         // Membership would mark A up at B; no membership task runs here.
@@ -254,7 +254,7 @@ mod tests {
         (a, b)
     }
 
-    /// What `Gossip::publish_dispatch` does, on the harness's state.
+    /// What `Gossip::publish_load_change` does, on the harness's state.
     fn dispatch(r: &Replica, in_flight: u32) {
         let id = InstanceId(1);
         enqueue(&r.inner, id, &[u64::from(in_flight) + 10], 0, 0, false);
@@ -268,8 +268,8 @@ mod tests {
         );
         l.dirty = true;
         drop(l);
-        if r.inner.cfg.push_on_dispatch {
-            r.inner.dispatched.notify_one();
+        if r.inner.cfg.push_on_change {
+            r.inner.changed.notify_one();
         }
     }
 
@@ -329,7 +329,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn without_push_on_dispatch_a_dispatch_waits_for_the_ticks() {
+    async fn without_push_on_change_a_dispatch_waits_for_the_ticks() {
         let (a, _b) = pair(false);
         let (stop, rx) = watch::channel(false);
         let task = tokio::spawn(run(a.inner.clone(), rx));

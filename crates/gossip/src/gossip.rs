@@ -239,14 +239,16 @@ impl Gossip {
         }
     }
 
-    /// Publishes this replica's load on `instance` right after it dispatched a request there;
-    /// with `push_on_dispatch` the flush task pushes it (and pending decisions) to every live
-    /// peer at once, spaced by `push_gap_ms`; otherwise it waits for the next load tick like
-    /// [`Gossip::publish_load`]. Cheap: one short lock and a wake.
-    pub fn publish_dispatch(&self, instance: InstanceId, load: RouterLoad) {
+    /// Publishes this replica's load on `instance` right after it changed (a dispatch there, a
+    /// first token, a completion); with `push_on_change` the flush task pushes it (and pending
+    /// decisions) to every live peer at once, spaced by `push_gap_ms`; otherwise it waits for the
+    /// next load tick like [`Gossip::publish_load`]. Cheap: one short lock and a wake. Increments
+    /// and decrements must both come here: pushing only dispatches would show peers load that
+    /// has already left until the next tick.
+    pub fn publish_load_change(&self, instance: InstanceId, load: RouterLoad) {
         self.publish_load(&[(instance, load)]);
-        if self.inner.cfg.push_on_dispatch {
-            self.inner.dispatched.notify_one();
+        if self.inner.cfg.push_on_change {
+            self.inner.changed.notify_one();
         }
     }
 
@@ -324,11 +326,11 @@ impl Gossip {
     }
 
     /// The longest a peer's dispatch stays out of [`Gossip::peer_load`] here, transit aside:
-    /// with `push_on_dispatch` the spacing of pushes; otherwise the peer publishes its load every
+    /// with `push_on_change` the spacing of pushes; otherwise the peer publishes its load every
     /// `load_interval_ms` and sends it on its next load tick. (Assumes peers configured alike.)
     pub fn unseen_window_ms(&self) -> Millis {
         let c = &self.inner.cfg;
-        if c.push_on_dispatch {
+        if c.push_on_change {
             c.push_gap_ms
         } else {
             c.load_interval_ms.saturating_mul(2)

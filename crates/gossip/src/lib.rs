@@ -35,9 +35,9 @@
 //! (60 KiB) and sends each batch **directly to every live member** over the same UDP socket. Each
 //! replica is the only source of its own decisions, so nothing is relayed and nothing is
 //! reconciled: a receiver just calls `predict(instance, hashes, Source::Peer, ttl, now)`. With
-//! `push_on_dispatch` (the default) a dispatch ([`Gossip::publish_dispatch`]) also pushes the
-//! replica's load and pending decisions at once, at most once per `push_gap_ms`, so peers
-//! deciding a moment later see it.
+//! `push_on_change` (the default) a change of the replica's load (a dispatch, a first token, a
+//! completion: [`Gossip::publish_load_change`]) also pushes its load and pending decisions at
+//! once, at most once per `push_gap_ms`, so peers deciding a moment later see it.
 //!
 //! Loss is repaired at three levels: batches carry a per-sender sequence number and a receiver
 //! that sees a gap asks for a resend from the sender's bounded log (`log_max_bytes`); a gap older

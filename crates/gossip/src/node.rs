@@ -187,9 +187,9 @@ pub(crate) struct Inner {
     pub usage_sink: std::sync::OnceLock<UsageSink>,
     /// Retractions applied recently, so a late (resent) decision they took back stays out.
     pub retracted: Mutex<Retracted>,
-    /// Woken by a dispatch with `push_on_dispatch`: the flush task pushes at once. A wake while
-    /// it is busy or spacing its pushes is kept (one permit), so dispatches coalesce.
-    pub dispatched: tokio::sync::Notify,
+    /// Woken by a load change with `push_on_change`: the flush task pushes at once. A wake while
+    /// it is busy or spacing its pushes is kept (one permit), so changes coalesce.
+    pub changed: tokio::sync::Notify,
 }
 
 impl Inner {
@@ -231,7 +231,7 @@ impl Inner {
             stopping: AtomicBool::new(false),
             snapshot_slots: Arc::new(Semaphore::new(crate::snapshot::SNAPSHOT_SLOTS)),
             usage_sink: std::sync::OnceLock::new(),
-            dispatched: tokio::sync::Notify::new(),
+            changed: tokio::sync::Notify::new(),
         }
     }
 

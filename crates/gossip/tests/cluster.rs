@@ -132,12 +132,12 @@ async fn replicas_score_on_each_others_load() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_push_on_dispatch_a_dispatch_needs_no_tick() {
+async fn with_push_on_change_a_dispatch_needs_no_tick() {
     // Flush and load ticks an hour apart: only the dispatch push can carry anything.
     let c = cluster_of(2, |cfg| kvgate_gossip::GossipConfig {
         flush_interval_ms: 3_600_000,
         load_interval_ms: 3_600_000,
-        push_on_dispatch: true,
+        push_on_change: true,
         ..cfg
     })
     .await;
@@ -149,7 +149,7 @@ async fn with_push_on_dispatch_a_dispatch_needs_no_tick() {
         pending_prefill_tokens: 640,
         ..RouterLoad::default()
     };
-    a.gossip.publish_dispatch(a.id(2), load);
+    a.gossip.publish_load_change(a.id(2), load);
     let ok = wait_until(CONVERGE, || {
         b.gossip.peer_load(b.id(2)) == load && b.holds(2, &prompt) == 40
     })

@@ -87,9 +87,9 @@ struct Args {
     /// Keep a dead replica's placements until their TTL (`forget_dead_peer_placements = false`).
     #[arg(long)]
     keep_dead_placements: bool,
-    /// `gossip.push_on_dispatch` (`true` or `false`; the gateway's default when absent).
-    #[arg(long, action = clap::ArgAction::Set, default_value_t = kvgate::config::Config::default().gossip.push_on_dispatch)]
-    push_on_dispatch: bool,
+    /// `gossip.push_on_change` (`true` or `false`; the gateway's default when absent).
+    #[arg(long, action = clap::ArgAction::Set, default_value_t = kvgate::config::Config::default().gossip.push_on_change)]
+    push_on_change: bool,
     /// Skip the restart measurement.
     #[arg(long)]
     no_restart: bool,
@@ -219,7 +219,7 @@ async fn run_config(a: &Args, name: &str) -> anyhow::Result<Outcome> {
         gossip,
         stride: a.stride,
         forget_dead: !a.keep_dead_placements,
-        push_on_dispatch: a.push_on_dispatch,
+        push_on_change: a.push_on_change,
     };
     let mut replicas: Vec<Replica> = Vec::new();
     for _ in 0..n {

@@ -26,8 +26,8 @@ pub struct ReplicaSpec {
     pub stride: usize,
     /// `gossip.forget_dead_peer_placements`.
     pub forget_dead: bool,
-    /// `gossip.push_on_dispatch`.
-    pub push_on_dispatch: bool,
+    /// `gossip.push_on_change`.
+    pub push_on_change: bool,
     /// Poll the engines' `/metrics` (the lightweight engines have none).
     pub scrape_engines: bool,
 }
@@ -71,7 +71,7 @@ fn config(spec: &ReplicaSpec, seeds: &[SocketAddr]) -> Config {
         c.gossip.secret = SECRET.into();
         c.gossip.checkpoint_stride = spec.stride;
         c.gossip.forget_dead_peer_placements = spec.forget_dead;
-        c.gossip.push_on_dispatch = spec.push_on_dispatch;
+        c.gossip.push_on_change = spec.push_on_change;
         c.gossip.prediction_ttl_ms = c.routing.predicted_ttl_ms;
     }
     c

@@ -125,7 +125,7 @@ impl ContenderSpec {
 
     /// Parses a CLI contender: a kvgate policy name (`kvgate`, `round_robin`, ...), optionally
     /// with policy overrides in brackets (`kvgate[kvgate.objective=e2e;kvgate.decode_weight=0.5]`,
-    /// or gossip settings of replicas: `kvgate[gossip.push_on_dispatch=true]*8`,
+    /// or gossip settings of replicas: `kvgate[gossip.push_on_change=true]*8`,
     /// shown under that whole name), a preset (`smg`, `sglang-router`, `vllm-router`), or
     /// `NAME=COMMAND TEMPLATE`.
     pub fn parse(s: &str) -> Result<Self, String> {

@@ -379,13 +379,13 @@ mod tests {
         apply_contender_overrides(
             &mut c,
             &o(&[
-                "gossip.push_on_dispatch=true",
+                "gossip.push_on_change=true",
                 " gossip.push_gap_ms=5",
                 "kvgate.decode_weight=0.25",
             ]),
         )
         .expect("valid overrides");
-        assert!(c.gossip.push_on_dispatch);
+        assert!(c.gossip.push_on_change);
         assert_eq!(c.gossip.push_gap_ms, 5);
         assert_eq!(c.routing.policy.kvgate.decode_weight, 0.25);
         assert_eq!(c.gossip.load_interval_ms, base.gossip.load_interval_ms);
