@@ -289,12 +289,18 @@ mod tests {
         }
     }
 
+    /// Runs `r`'s flush task until the returned sender says stop; it has run its first tick.
+    async fn flushing(r: &Replica) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+        let (stop, rx) = watch::channel(false);
+        let task = tokio::spawn(run(r.inner.clone(), rx));
+        settle(0).await;
+        (stop, task)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_dispatch_is_pushed_at_once_and_pushes_are_spaced() {
         let (a, b) = pair(true);
-        let (stop, rx) = watch::channel(false);
-        let task = tokio::spawn(run(a.inner.clone(), rx));
-        settle(0).await;
+        let (stop, task) = flushing(&a).await;
         assert!(a.take_sent().is_empty(), "nothing to say before a dispatch");
 
         // One dispatch: its decision and the load go out without waiting for a tick.
@@ -331,9 +337,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn without_push_on_change_a_dispatch_waits_for_the_ticks() {
         let (a, _b) = pair(false);
-        let (stop, rx) = watch::channel(false);
-        let task = tokio::spawn(run(a.inner.clone(), rx));
-        settle(0).await;
+        let (stop, task) = flushing(&a).await;
         a.take_sent();
         dispatch(&a, 1);
         settle(10_000).await;

@@ -241,15 +241,19 @@ impl Gossip {
 
     /// Publishes this replica's load on `instance` right after it changed (a dispatch there, a
     /// first token, a completion); with `push_on_change` the flush task pushes it (and pending
-    /// decisions) to every live peer at once, spaced by `push_gap_ms`; otherwise it waits for the
-    /// next load tick like [`Gossip::publish_load`]. Cheap: one short lock and a wake. Increments
+    /// decisions) to every live peer at once, spaced by `push_gap_ms`; otherwise nothing is done
+    /// here and the change reaches peers with the next [`Gossip::publish_load`] tick. Cheap: one
+    /// short lock and a wake. Increments
     /// and decrements must both come here: pushing only dispatches would show peers load that
     /// has already left until the next tick.
     pub fn publish_load_change(&self, instance: InstanceId, load: RouterLoad) {
-        self.publish_load(&[(instance, load)]);
-        if self.inner.cfg.push_on_change {
-            self.inner.changed.notify_one();
+        // Without the push the gateway's load tick publishes every instance anyway: no lock on
+        // the request path for a change that would wait for it.
+        if !self.inner.cfg.push_on_change {
+            return;
         }
+        self.publish_load(&[(instance, load)]);
+        self.inner.changed.notify_one();
     }
 
     /// Sends this replica's cumulative usage per tenant to every live peer now (chunked into
