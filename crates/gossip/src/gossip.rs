@@ -329,15 +329,22 @@ impl Gossip {
         self.inner.node_id
     }
 
-    /// The longest a peer's dispatch stays out of [`Gossip::peer_load`] here, transit aside:
-    /// with `push_on_change` the spacing of pushes; otherwise the peer publishes its load every
-    /// `load_interval_ms` and sends it on its next load tick. (Assumes peers configured alike.)
+    /// How long a peer's dispatch stays out of [`Gossip::peer_load`] here. With
+    /// `push_on_change`: the measured convergence lag of peers' decisions into this replica (the
+    /// spacing of pushes, the transit and the receive path: several ms when a burst loads the
+    /// machines), at least `push_gap_ms`, at most two load intervals (where the ticks would have
+    /// shown it). The lag is read from the peers' wall clocks: a peer whose clock runs ahead adds
+    /// no lag, one behind adds at most the cap. Without the push: the peer publishes its load
+    /// every `load_interval_ms` and sends it on its next load tick, so two intervals. (Assumes
+    /// peers configured alike.)
     pub fn unseen_window_ms(&self) -> Millis {
         let c = &self.inner.cfg;
+        let ticks = c.load_interval_ms.saturating_mul(2);
         if c.push_on_change {
-            c.push_gap_ms
+            let transit = self.inner.transit_ms().ceil() as Millis;
+            transit.clamp(c.push_gap_ms.min(ticks), ticks)
         } else {
-            c.load_interval_ms.saturating_mul(2)
+            ticks
         }
     }
 
@@ -397,6 +404,7 @@ impl Gossip {
             log_bytes,
             pending_hashes,
             dropped_decisions,
+            unseen_window_ms: self.unseen_window_ms(),
         }
     }
 

@@ -35,6 +35,9 @@ pub type UsageSink = Arc<dyn Fn(u64, &[payload::Usage]) + Send + Sync>;
 
 /// Bound on the peer table.
 const MAX_PEERS: usize = 1024;
+/// Weight of one convergence lag sample in [`Inner::transit_ms`] (each received decision batch
+/// gives one).
+const TRANSIT_ALPHA: f64 = 0.1;
 /// A snapshot request with no progress for this long is asked again.
 const SNAPSHOT_RETRY_MS: Millis = 2_000;
 /// Attempts per snapshot before giving up (TTLs and deltas still converge the index).
@@ -190,6 +193,10 @@ pub(crate) struct Inner {
     /// Woken by a load change with `push_on_change`: the flush task pushes at once. A wake while
     /// it is busy or spacing its pushes is kept (one permit), so changes coalesce.
     pub changed: tokio::sync::Notify,
+    /// Smoothed convergence lag of peers' decisions into this replica, ms, as `f64` bits (0
+    /// before any sample): how long a peer's decision stays unseen here with `push_on_change`.
+    /// Samples are capped at two load intervals (a resent batch is not the usual transit).
+    pub transit_ms: AtomicU64,
 }
 
 impl Inner {
@@ -232,6 +239,7 @@ impl Inner {
             snapshot_slots: Arc::new(Semaphore::new(crate::snapshot::SNAPSHOT_SLOTS)),
             usage_sink: std::sync::OnceLock::new(),
             changed: tokio::sync::Notify::new(),
+            transit_ms: AtomicU64::new(0f64.to_bits()),
         }
     }
 
@@ -385,6 +393,7 @@ impl Inner {
             }
         }
         if let Some(l) = lag {
+            self.note_transit(l);
             if let Some(p) = self.peers.lock().get_mut(&from) {
                 p.lag_ms = Some(l);
                 p.lag_ewma_ms = Some(match p.lag_ewma_ms {
@@ -393,6 +402,26 @@ impl Inner {
                 });
             }
         }
+    }
+
+    /// Folds a convergence lag sample (ms) into [`Inner::transit_ms`]. Only the receive path
+    /// writes it; a sample lost to a racing write changes nothing that matters, so a plain
+    /// load-then-store suffices.
+    fn note_transit(&self, lag_ms: u64) {
+        let cap = self.cfg.load_interval_ms.saturating_mul(2);
+        let sample = lag_ms.min(cap) as f64;
+        let old = f64::from_bits(self.transit_ms.load(Ordering::Relaxed));
+        let new = if old == 0.0 {
+            sample
+        } else {
+            old + TRANSIT_ALPHA * (sample - old)
+        };
+        self.transit_ms.store(new.to_bits(), Ordering::Relaxed);
+    }
+
+    /// The smoothed convergence lag of peers' decisions, ms (0 before any sample).
+    pub fn transit_ms(&self) -> f64 {
+        f64::from_bits(self.transit_ms.load(Ordering::Relaxed))
     }
 
     /// Stores `from`'s latest load shares and refreshes the aggregate.
@@ -587,5 +616,26 @@ mod tests {
         assert_eq!(r.len(), 4);
         assert_eq!(r[0][0], 6);
         assert!(l.range(9, 10).is_none(), "10 not produced yet");
+    }
+
+    #[test]
+    fn transit_is_a_smoothed_lag_with_resends_capped() {
+        let cfg = GossipConfig {
+            load_interval_ms: 50,
+            ..crate::testkit::config(1)
+        };
+        let r = crate::testkit::Replica::new(1, 7001, cfg);
+        assert_eq!(r.inner.transit_ms(), 0.0, "no sample yet");
+        r.inner.note_transit(4);
+        assert_eq!(
+            r.inner.transit_ms(),
+            4.0,
+            "the first sample is taken as it is"
+        );
+        r.inner.note_transit(14);
+        assert!((r.inner.transit_ms() - 5.0).abs() < 1e-9);
+        // A batch resent a minute late counts as two load intervals, not a minute.
+        r.inner.note_transit(60_000);
+        assert!((r.inner.transit_ms() - 14.5).abs() < 1e-9);
     }
 }

@@ -34,6 +34,9 @@ pub struct ClusterStatus {
     pub pending_hashes: usize,
     /// Decisions dropped because the pending queue was full.
     pub dropped_decisions: u64,
+    /// How long a peer's dispatch stays unseen here, ms: the window of the policy's estimate of
+    /// peers' concurrent decisions (`Gossip::unseen_window_ms`).
+    pub unseen_window_ms: u64,
 }
 
 /// One peer.

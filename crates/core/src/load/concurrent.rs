@@ -1,10 +1,12 @@
 //! Decisions peers take on the view this replica decides on: the expected number of them.
 //!
-//! A replica sees a peer's dispatch only once the peer's next load report arrives (within the
-//! *unseen window*, about two gossip load intervals). Requests that arrive together — a client's
-//! burst split across replicas by the load balancer in front — are decided by several replicas at
-//! once on the same view, and a deterministic choice sends them all to the same instance (the one
-//! a single gateway would give the first of them, and then route the rest around).
+//! A replica sees a peer's dispatch only once the peer's report of it arrives (within the *unseen
+//! window*: the measured gossip convergence lag when load changes are pushed, two load intervals
+//! when they wait for the tick; [`crate::router::Peers::unseen_window_ms`]). Requests that arrive
+//! together — a client's burst split across replicas by the load balancer in front — are decided
+//! by several replicas at once on the same view, and a deterministic choice sends them all to the
+//! same instance (the one a single gateway would give the first of them, and then route the rest
+//! around).
 //!
 //! This replica cannot see the peers' arrivals, but it sees its own: with requests spread evenly
 //! over `n` replicas (what a Service in front does), a request of a burst of `b` finds on average
