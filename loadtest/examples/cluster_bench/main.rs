@@ -90,6 +90,9 @@ struct Args {
     /// `gossip.push_on_change` (`true` or `false`; the gateway's default when absent).
     #[arg(long, action = clap::ArgAction::Set, default_value_t = kvgate::config::Config::default().gossip.push_on_change)]
     push_on_change: bool,
+    /// `routing.policy.kvgate.concurrency_weight` (the gateway's default when absent).
+    #[arg(long, default_value_t = kvgate::config::Config::default().routing.policy.kvgate.concurrency_weight)]
+    concurrency_weight: f64,
     /// Skip the restart measurement.
     #[arg(long)]
     no_restart: bool,
@@ -220,6 +223,7 @@ async fn run_config(a: &Args, name: &str) -> anyhow::Result<Outcome> {
         stride: a.stride,
         forget_dead: !a.keep_dead_placements,
         push_on_change: a.push_on_change,
+        concurrency_weight: a.concurrency_weight,
     };
     let mut replicas: Vec<Replica> = Vec::new();
     for _ in 0..n {

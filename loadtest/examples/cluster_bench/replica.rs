@@ -28,6 +28,8 @@ pub struct ReplicaSpec {
     pub forget_dead: bool,
     /// `gossip.push_on_change`.
     pub push_on_change: bool,
+    /// `routing.policy.kvgate.concurrency_weight`.
+    pub concurrency_weight: f64,
     /// Poll the engines' `/metrics` (the lightweight engines have none).
     pub scrape_engines: bool,
 }
@@ -72,6 +74,7 @@ fn config(spec: &ReplicaSpec, seeds: &[SocketAddr]) -> Config {
         c.gossip.checkpoint_stride = spec.stride;
         c.gossip.forget_dead_peer_placements = spec.forget_dead;
         c.gossip.push_on_change = spec.push_on_change;
+        c.routing.policy.kvgate.concurrency_weight = spec.concurrency_weight;
         c.gossip.prediction_ttl_ms = c.routing.predicted_ttl_ms;
     }
     c

@@ -684,10 +684,8 @@ mod tests {
 
     #[test]
     fn peers_deciding_at_the_same_moment_spread_a_cold_burst_but_not_a_cached_turn() {
-        let p = Kvgate::new(KvgateParams {
-            concurrency_weight: 1.0,
-            ..Default::default()
-        });
+        // On by default.
+        let p = Kvgate::default();
         let cold: Vec<u64> = (1_000..1_100).collect();
         // Instance 0 is idle, the others have one short prefill queued: alone, every request of
         // a burst takes 0 (the next ones then see it loaded).
@@ -706,8 +704,11 @@ mod tests {
                 .collect()
         };
         assert!(chosen(0.0, &cold).iter().all(|&c| c == 0));
-        // Off by default: as alone whatever the estimate.
-        let alone = Kvgate::default();
+        // At weight 0: as alone whatever the estimate.
+        let alone = Kvgate::new(KvgateParams {
+            concurrency_weight: 0.0,
+            ..Default::default()
+        });
         assert!((0..100u64).all(|seed| {
             let r = RouteRequest {
                 concurrent_decisions: 7.0,
