@@ -338,14 +338,7 @@ impl Gossip {
     /// every `load_interval_ms` and sends it on its next load tick, so two intervals. (Assumes
     /// peers configured alike.)
     pub fn unseen_window_ms(&self) -> Millis {
-        let c = &self.inner.cfg;
-        let ticks = c.load_interval_ms.saturating_mul(2);
-        if c.push_on_change {
-            let transit = self.inner.transit_ms().ceil() as Millis;
-            transit.clamp(c.push_gap_ms.min(ticks), ticks)
-        } else {
-            ticks
-        }
+        self.inner.unseen_window_ms()
     }
 
     /// Members, their state, last heard, lag and bytes, for `/admin/cluster`.

@@ -193,7 +193,7 @@ pub(crate) struct Inner {
     /// Woken by a load change with `push_on_change`: the flush task pushes at once. A wake while
     /// it is busy or spacing its pushes is kept (one permit), so changes coalesce.
     pub changed: tokio::sync::Notify,
-    /// Smoothed convergence lag of peers' decisions into this replica, ms, as `f64` bits (0
+    /// Smoothed convergence lag of peers' decisions into this replica, ms, as `f64` bits (NaN
     /// before any sample): how long a peer's decision stays unseen here with `push_on_change`.
     /// Samples are capped at two load intervals (a resent batch is not the usual transit).
     pub transit_ms: AtomicU64,
@@ -239,7 +239,7 @@ impl Inner {
             snapshot_slots: Arc::new(Semaphore::new(crate::snapshot::SNAPSHOT_SLOTS)),
             usage_sink: std::sync::OnceLock::new(),
             changed: tokio::sync::Notify::new(),
-            transit_ms: AtomicU64::new(0f64.to_bits()),
+            transit_ms: AtomicU64::new(f64::NAN.to_bits()),
         }
     }
 
@@ -411,7 +411,7 @@ impl Inner {
         let cap = self.cfg.load_interval_ms.saturating_mul(2);
         let sample = lag_ms.min(cap) as f64;
         let old = f64::from_bits(self.transit_ms.load(Ordering::Relaxed));
-        let new = if old == 0.0 {
+        let new = if old.is_nan() {
             sample
         } else {
             old + TRANSIT_ALPHA * (sample - old)
@@ -421,7 +421,24 @@ impl Inner {
 
     /// The smoothed convergence lag of peers' decisions, ms (0 before any sample).
     pub fn transit_ms(&self) -> f64 {
-        f64::from_bits(self.transit_ms.load(Ordering::Relaxed))
+        let t = f64::from_bits(self.transit_ms.load(Ordering::Relaxed));
+        if t.is_nan() {
+            0.0
+        } else {
+            t
+        }
+    }
+
+    /// See [`crate::Gossip::unseen_window_ms`].
+    pub fn unseen_window_ms(&self) -> Millis {
+        let c = &self.cfg;
+        let ticks = c.load_interval_ms.saturating_mul(2);
+        if c.push_on_change {
+            let transit = self.transit_ms().ceil() as Millis;
+            transit.clamp(c.push_gap_ms.min(ticks), ticks)
+        } else {
+            ticks
+        }
     }
 
     /// Stores `from`'s latest load shares and refreshes the aggregate.
@@ -626,16 +643,46 @@ mod tests {
         };
         let r = crate::testkit::Replica::new(1, 7001, cfg);
         assert_eq!(r.inner.transit_ms(), 0.0, "no sample yet");
-        r.inner.note_transit(4);
-        assert_eq!(
-            r.inner.transit_ms(),
-            4.0,
-            "the first sample is taken as it is"
-        );
-        r.inner.note_transit(14);
-        assert!((r.inner.transit_ms() - 5.0).abs() < 1e-9);
+        // The first sample is taken as it is, even 0 (a same-millisecond arrival).
+        r.inner.note_transit(0);
+        assert_eq!(r.inner.transit_ms(), 0.0);
+        r.inner.note_transit(10);
+        assert!((r.inner.transit_ms() - 1.0).abs() < 1e-9);
         // A batch resent a minute late counts as two load intervals, not a minute.
         r.inner.note_transit(60_000);
-        assert!((r.inner.transit_ms() - 14.5).abs() < 1e-9);
+        assert!((r.inner.transit_ms() - 10.9).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_unseen_window_is_the_transit_between_the_push_gap_and_two_load_intervals() {
+        let replica = |push_on_change: bool, push_gap_ms: u64| {
+            let cfg = GossipConfig {
+                load_interval_ms: 50,
+                push_on_change,
+                push_gap_ms,
+                ..crate::testkit::config(1)
+            };
+            crate::testkit::Replica::new(1, 7002, cfg)
+        };
+        let on = replica(true, 2);
+        assert_eq!(on.inner.unseen_window_ms(), 2, "no sample: the push gap");
+        on.inner.note_transit(1);
+        assert_eq!(on.inner.unseen_window_ms(), 2, "at least the push gap");
+        on.inner.note_transit(43);
+        assert_eq!(on.inner.unseen_window_ms(), 6, "5.2 ms rounded up");
+        for _ in 0..100 {
+            on.inner.note_transit(400);
+        }
+        assert_eq!(
+            on.inner.unseen_window_ms(),
+            100,
+            "at most two load intervals"
+        );
+        // Without the push, two load intervals whatever was measured.
+        let ticks = replica(false, 2);
+        ticks.inner.note_transit(3);
+        assert_eq!(ticks.inner.unseen_window_ms(), 100);
+        // A push gap beyond the ticks is held to them.
+        assert_eq!(replica(true, 500).inner.unseen_window_ms(), 100);
     }
 }
