@@ -211,8 +211,8 @@ pub struct KvgateParams {
     /// the cheapest candidates so that concurrent requests do not all take the same one (see
     /// [`super::kvgate`]). 0 decides as if alone; 1 uses the estimate as it is. No effect
     /// without peers. Default 1: with the window measured from the peers' convergence lag, it
-    /// keeps 8 replicas' hit ratio near one gateway's on bursty traffic and leaves steady
-    /// traffic as it was (docs/gossip.md).
+    /// keeps 8 replicas' hit ratio near one gateway's on bursty traffic, and at a high steady
+    /// rate spreads what peers decide within that window (docs/gossip.md).
     pub concurrency_weight: f64,
     /// Objectives `e2e` and `slo`: how much a request larger than its neighbours discounts
     /// their delays (`τ`): each neighbour's stall and slowdown counts
