@@ -35,9 +35,14 @@ pub type UsageSink = Arc<dyn Fn(u64, &[payload::Usage]) + Send + Sync>;
 
 /// Bound on the peer table.
 const MAX_PEERS: usize = 1024;
-/// Weight of one convergence lag sample in [`Inner::transit_ms`] (each received decision batch
-/// gives one).
-const TRANSIT_ALPHA: f64 = 0.1;
+/// Weight of one convergence lag sample in the smoothed lags ([`Inner::transit_ms`] and each
+/// peer's `lag_ewma_ms`; each received decision batch gives one).
+const LAG_ALPHA: f64 = 0.1;
+
+/// Folds `sample` into a smoothed lag; the first sample is taken as it is.
+fn smooth_lag(old: Option<f64>, sample: f64) -> f64 {
+    old.map_or(sample, |old| old + LAG_ALPHA * (sample - old))
+}
 /// A snapshot request with no progress for this long is asked again.
 const SNAPSHOT_RETRY_MS: Millis = 2_000;
 /// Attempts per snapshot before giving up (TTLs and deltas still converge the index).
@@ -396,10 +401,7 @@ impl Inner {
             self.note_transit(l);
             if let Some(p) = self.peers.lock().get_mut(&from) {
                 p.lag_ms = Some(l);
-                p.lag_ewma_ms = Some(match p.lag_ewma_ms {
-                    None => l as f64,
-                    Some(x) => 0.9 * x + 0.1 * l as f64,
-                });
+                p.lag_ewma_ms = Some(smooth_lag(p.lag_ewma_ms, l as f64));
             }
         }
     }
@@ -411,11 +413,7 @@ impl Inner {
         let cap = self.cfg.load_interval_ms.saturating_mul(2);
         let sample = lag_ms.min(cap) as f64;
         let old = f64::from_bits(self.transit_ms.load(Ordering::Relaxed));
-        let new = if old.is_nan() {
-            sample
-        } else {
-            old + TRANSIT_ALPHA * (sample - old)
-        };
+        let new = smooth_lag(Some(old).filter(|o| !o.is_nan()), sample);
         self.transit_ms.store(new.to_bits(), Ordering::Relaxed);
     }
 
