@@ -26,7 +26,8 @@ pub enum ContenderSpec {
         policy: PolicyName,
         /// Policy parameter overrides (`KEY=VALUE`, keys as in `offline --set`), applied to the
         /// base config's policy section: two variants of one policy can run in one comparison.
-        /// Keys under `gossip.` set the replicas' gossip section instead.
+        /// Keys under `gossip.` set the replicas' gossip section instead, keys under `routing.` the
+        /// `[routing]` section.
         #[serde(skip_serializing_if = "Vec::is_empty")]
         overrides: Vec<String>,
         /// Gateway replicas sharing placements and load by gossip, each request sent to one of

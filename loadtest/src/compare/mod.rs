@@ -146,16 +146,27 @@ pub async fn run_one(
 }
 
 /// Applies a kvgate contender's bracketed overrides to its gateway config: `gossip.KEY=VALUE`
-/// to the `[gossip]` section (its keys relative to it), every other key to the routing policy's
-/// section (the keys of `offline --set`).
+/// to the `[gossip]` section and `routing.KEY=VALUE` to the `[routing]` section (keys relative
+/// to them; routing's values as the gateway runs them, in wall time), every other key to the
+/// routing policy's section (the keys of `offline --set`).
 fn apply_contender_overrides(
     c: &mut kvgate::config::Config,
     overrides: &[String],
 ) -> Result<(), String> {
-    let (gossip, policy): (Vec<String>, Vec<String>) = overrides
+    let (gossip, rest): (Vec<String>, Vec<String>) = overrides
         .iter()
         .map(|o| o.trim().to_string())
         .partition(|o| o.starts_with("gossip."));
+    let (routing, policy): (Vec<String>, Vec<String>) =
+        rest.into_iter().partition(|o| o.starts_with("routing."));
+    if !routing.is_empty() {
+        let keys: Vec<String> = routing
+            .iter()
+            .map(|o| o.trim_start_matches("routing.").to_string())
+            .collect();
+        c.routing = crate::offline::policies::apply_json_overrides(&c.routing, &keys, "routing")
+            .map_err(|e| e.to_string())?;
+    }
     if !policy.is_empty() {
         c.routing.policy = crate::offline::policies::apply_overrides_to(&c.routing.policy, &policy)
             .map_err(|e| e.to_string())?;
@@ -372,7 +383,7 @@ mod tests {
     use kvgate::config::Config;
 
     #[test]
-    fn gossip_keys_set_the_gossip_section_and_the_rest_the_policy() {
+    fn gossip_and_routing_keys_set_their_sections_and_the_rest_the_policy() {
         let base = Config::default();
         let mut c = base.clone();
         let o = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
@@ -382,17 +393,23 @@ mod tests {
                 "gossip.push_on_change=true",
                 " gossip.push_gap_ms=5",
                 "kvgate.decode_weight=0.25",
+                "routing.rates.pool_weight=1000",
             ]),
         )
         .expect("valid overrides");
         assert!(c.gossip.push_on_change);
         assert_eq!(c.gossip.push_gap_ms, 5);
         assert_eq!(c.routing.policy.kvgate.decode_weight, 0.25);
+        assert_eq!(c.routing.rates.pool_weight, 1000.0);
+        assert_eq!(c.routing.decode_rates, base.routing.decode_rates);
         assert_eq!(c.gossip.load_interval_ms, base.gossip.load_interval_ms);
 
         let mut c = base.clone();
         let err = apply_contender_overrides(&mut c, &o(&["gossip.no_such_key=1"]))
             .expect_err("unknown gossip key");
+        assert!(err.contains("no_such_key"), "{err}");
+        let err = apply_contender_overrides(&mut c, &o(&["routing.rates.no_such_key=1"]))
+            .expect_err("unknown routing key");
         assert!(err.contains("no_such_key"), "{err}");
         let err = apply_contender_overrides(&mut c, &o(&["gossip.push_gap_ms=\"soon\""]))
             .expect_err("ill-typed value");
