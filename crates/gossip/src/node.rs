@@ -43,6 +43,7 @@ const LAG_ALPHA: f64 = 0.1;
 fn smooth_lag(old: Option<f64>, sample: f64) -> f64 {
     old.map_or(sample, |old| old + LAG_ALPHA * (sample - old))
 }
+
 /// A snapshot request with no progress for this long is asked again.
 const SNAPSHOT_RETRY_MS: Millis = 2_000;
 /// Attempts per snapshot before giving up (TTLs and deltas still converge the index).
