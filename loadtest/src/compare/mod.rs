@@ -153,31 +153,30 @@ fn apply_contender_overrides(
     c: &mut kvgate::config::Config,
     overrides: &[String],
 ) -> Result<(), String> {
-    let (gossip, rest): (Vec<String>, Vec<String>) = overrides
-        .iter()
-        .map(|o| o.trim().to_string())
-        .partition(|o| o.starts_with("gossip."));
-    let (routing, policy): (Vec<String>, Vec<String>) =
-        rest.into_iter().partition(|o| o.starts_with("routing."));
-    if !routing.is_empty() {
-        let keys: Vec<String> = routing
+    use crate::offline::policies::{apply_json_overrides, apply_overrides_to};
+    let overrides: Vec<&str> = overrides.iter().map(|o| o.trim()).collect();
+    // The overrides under `prefix`, with it taken off (keys relative to its section).
+    let under = |prefix: &str| -> Vec<String> {
+        overrides
             .iter()
-            .map(|o| o.trim_start_matches("routing.").to_string())
-            .collect();
-        c.routing = crate::offline::policies::apply_json_overrides(&c.routing, &keys, "routing")
-            .map_err(|e| e.to_string())?;
+            .filter_map(|o| o.strip_prefix(prefix).map(str::to_string))
+            .collect()
+    };
+    let (gossip, routing) = (under("gossip."), under("routing."));
+    let policy: Vec<String> = overrides
+        .iter()
+        .filter(|o| !o.starts_with("gossip.") && !o.starts_with("routing."))
+        .map(|o| o.to_string())
+        .collect();
+    let err = |e: crate::offline::OfflineError| e.to_string();
+    if !routing.is_empty() {
+        c.routing = apply_json_overrides(&c.routing, &routing, "routing").map_err(err)?;
     }
     if !policy.is_empty() {
-        c.routing.policy = crate::offline::policies::apply_overrides_to(&c.routing.policy, &policy)
-            .map_err(|e| e.to_string())?;
+        c.routing.policy = apply_overrides_to(&c.routing.policy, &policy).map_err(err)?;
     }
     if !gossip.is_empty() {
-        let keys: Vec<String> = gossip
-            .iter()
-            .map(|o| o.trim_start_matches("gossip.").to_string())
-            .collect();
-        c.gossip = crate::offline::policies::apply_json_overrides(&c.gossip, &keys, "gossip")
-            .map_err(|e| e.to_string())?;
+        c.gossip = apply_json_overrides(&c.gossip, &gossip, "gossip").map_err(err)?;
     }
     Ok(())
 }
