@@ -5,8 +5,8 @@
 
 use kvgate_gossip::wire::envelope::{Keys, OVERHEAD};
 use kvgate_gossip::wire::payload::{
-    decode_chunk, decode_delta, decode_load, decode_resend, decode_snapshot_request, decode_usage,
-    Entry, LoadShare, Usage,
+    decode_chunk, decode_delta, decode_load, decode_load_sized, decode_resend,
+    decode_snapshot_request, decode_usage, Entry, LoadShare, Usage,
 };
 use libfuzzer_sys::fuzz_target;
 use std::mem::size_of;
@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
     };
     // Decoders allocate at most this much: every entry takes ≥ 11 bytes, a load share ≥ 12.
     let bound = 5 * p.len() + 64;
-    match sel % 7 {
+    match sel % 8 {
         0 => {
             let keys = Keys::new("fuzz", b"secret");
             let mut payload = Vec::new();
@@ -53,6 +53,11 @@ fuzz_target!(|data: &[u8]| {
         }
         5 => {
             let _ = decode_resend(p);
+        }
+        6 => {
+            if let Ok(l) = decode_load_sized(p) {
+                assert!(l.capacity() * size_of::<LoadShare>() <= bound);
+            }
         }
         _ => {
             // Every usage entry takes ≥ 10 bytes.

@@ -24,6 +24,8 @@ struct Share {
     pending: u64,
     decoding: u32,
     healthy: Option<bool>,
+    /// Context and output tokens of the decoding requests, sent in `load_sized`.
+    sizes: (u64, u64),
 }
 
 #[derive(Arbitrary, Debug)]
@@ -43,6 +45,7 @@ enum Msg {
         decisions: Vec<Decision>,
     },
     Load(Vec<Share>),
+    LoadSized(Vec<Share>),
     Snapshot(u64),
     Resend(u64, u64),
 }
@@ -128,7 +131,8 @@ fuzz_target!(|input: Input| {
             );
             Kind::SnapshotChunk
         }
-        Msg::Load(shares) => {
+        Msg::Load(shares) | Msg::LoadSized(shares) => {
+            let sized = matches!(input.msg, Msg::LoadSized(_));
             let shares: Vec<LoadShare> = shares
                 .iter()
                 .map(|s| LoadShare {
@@ -137,11 +141,22 @@ fuzz_target!(|input: Input| {
                     pending_prefill_tokens: s.pending,
                     decoding: s.decoding,
                     healthy: s.healthy,
+                    sizes: sized.then_some(DecodeSizes {
+                        context_tokens: s.sizes.0,
+                        output_tokens: s.sizes.1,
+                    }),
                 })
                 .collect();
-            encode_load(&shares, &mut payload);
-            assert_eq!(decode_load(&payload).expect("own load decodes"), shares);
-            Kind::Load
+            if sized {
+                encode_load_sized(&shares, &mut payload);
+                assert!(payload.len() <= 1 + 10 + shares.len() * MAX_LOAD_SHARE_BYTES);
+                assert_eq!(decode_load_sized(&payload).expect("own load decodes"), shares);
+                Kind::LoadSized
+            } else {
+                encode_load(&shares, &mut payload);
+                assert_eq!(decode_load(&payload).expect("own load decodes"), shares);
+                Kind::Load
+            }
         }
         Msg::Snapshot(id) => {
             encode_snapshot_request(*id, &mut payload);

@@ -453,18 +453,24 @@ impl Router {
 /// The largest share of a stream's observed decode time taken to be prefill stalls.
 const MAX_STALL_SHARE: f64 = 0.9;
 
-/// This router's load on `id` plus its peers' shares: the fleet-wide queue. Gossip carries
-/// peers' counts but not their sequences' sizes, so peers' decoding sequences are taken to be
-/// the size of this router's own on average.
+/// This router's load on `id` plus its peers' shares: the fleet-wide queue. Peers share their
+/// decoding sequences' sizes with their counts; when none of them did (replicas that predate
+/// sizes), peers' sequences are taken to be the size of this router's own on average.
 pub fn fleet_load(own: RouterLoad, peers: Option<&dyn Peers>, id: InstanceId) -> RouterLoad {
     let Some(p) = peers else { return own };
     let p = p.load(id);
+    let sized = p.decoding == 0 || p.decoding_context_tokens > 0;
     let scale = |x: u64| -> u64 {
-        if own.decoding == 0 {
+        if sized || own.decoding == 0 {
             return x;
         }
         let all = u64::from(own.decoding) + u64::from(p.decoding);
         ((x as u128 * all as u128) / u128::from(own.decoding)).min(u128::from(u64::MAX)) as u64
+    };
+    let (peers_context, peers_output) = if sized {
+        (p.decoding_context_tokens, p.decoding_output_tokens)
+    } else {
+        (0, 0)
     };
     RouterLoad {
         in_flight: own.in_flight.saturating_add(p.in_flight),
@@ -472,10 +478,8 @@ pub fn fleet_load(own: RouterLoad, peers: Option<&dyn Peers>, id: InstanceId) ->
             .pending_prefill_tokens
             .saturating_add(p.pending_prefill_tokens),
         decoding: own.decoding.saturating_add(p.decoding),
-        decoding_context_tokens: scale(own.decoding_context_tokens)
-            .saturating_add(p.decoding_context_tokens),
-        decoding_output_tokens: scale(own.decoding_output_tokens)
-            .saturating_add(p.decoding_output_tokens),
+        decoding_context_tokens: scale(own.decoding_context_tokens).saturating_add(peers_context),
+        decoding_output_tokens: scale(own.decoding_output_tokens).saturating_add(peers_output),
     }
 }
 
@@ -560,6 +564,60 @@ mod tests {
         fn unseen_window_ms(&self) -> Millis {
             50
         }
+    }
+
+    /// Peers whose share of every instance is one fixed load.
+    struct Fixed(RouterLoad);
+
+    impl Peers for Fixed {
+        fn materialize(&self, _: &[BlockHash], _: Millis) {}
+        fn load(&self, _: InstanceId) -> RouterLoad {
+            self.0
+        }
+        fn record(&self, _: InstanceId, _: &[BlockHash], _: usize, _: Millis) {}
+        fn retract(&self, _: InstanceId, _: &[BlockHash], _: usize, _: Millis) {}
+    }
+
+    #[test]
+    fn fleet_load_adds_peers_sizes_and_scales_its_own_only_when_peers_send_none() {
+        let own = RouterLoad {
+            in_flight: 3,
+            pending_prefill_tokens: 1_000,
+            decoding: 2,
+            decoding_context_tokens: 4_000,
+            decoding_output_tokens: 200,
+        };
+        let fleet = |p: RouterLoad| fleet_load(own, Some(&Fixed(p) as &dyn Peers), InstanceId(0));
+        let peers = RouterLoad {
+            in_flight: 5,
+            pending_prefill_tokens: 500,
+            decoding: 4,
+            decoding_context_tokens: 40_000,
+            decoding_output_tokens: 1_000,
+        };
+        assert_eq!(
+            fleet(peers),
+            RouterLoad {
+                in_flight: 8,
+                pending_prefill_tokens: 1_500,
+                decoding: 6,
+                decoding_context_tokens: 44_000,
+                decoding_output_tokens: 1_200,
+            },
+            "peers' own sizes, not this router's mean"
+        );
+        let blind = RouterLoad {
+            decoding_context_tokens: 0,
+            decoding_output_tokens: 0,
+            ..peers
+        };
+        assert_eq!(
+            fleet(blind).decoding_context_tokens,
+            12_000,
+            "without sizes, 6 sequences at this router's mean of 2,000"
+        );
+        assert_eq!(fleet(blind).decoding_output_tokens, 600);
+        assert_eq!(fleet_load(own, None, InstanceId(0)), own);
     }
 
     /// A policy that remembers the concurrent decisions each request was routed with.
@@ -804,7 +862,7 @@ mod tests {
     }
 
     #[test]
-    fn the_decode_batch_counts_peers_and_scales_their_sizes() {
+    fn the_decode_batch_counts_peers_with_their_sizes() {
         let r = router(1);
         let mut g = r
             .load()
@@ -821,9 +879,9 @@ mod tests {
         );
         let peers = Recorder::default();
         let both = r.batch(InstanceId(0), Some(&peers));
-        // One own sequence of 1050 and one peer's, taken to be the same size (+ its own 7).
+        // One own sequence of 1050 and one peer's of the 7 it says.
         assert_eq!(both.seqs, 2.0);
-        assert_eq!(both.context_tokens, 2107.0);
+        assert_eq!(both.context_tokens, 1057.0);
         assert_eq!(own.mean(both).seqs, 1.5);
     }
 

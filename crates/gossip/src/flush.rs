@@ -17,7 +17,7 @@
 use crate::checkpoints::checkpoint_positions;
 use crate::node::{wall_ms, Inner, PendingDecision};
 use crate::wire::envelope::OVERHEAD;
-use crate::wire::payload::{self, EntriesBuilder, LoadShare};
+use crate::wire::payload::{self, DecodeSizes, EntriesBuilder, LoadShare, MAX_LOAD_SHARE_BYTES};
 use crate::wire::Kind;
 use kvgate_core::{BlockHash, InstanceId, Millis};
 use std::sync::Arc;
@@ -185,6 +185,7 @@ async fn emit(inner: &Inner, b: EntriesBuilder, dests: &[(u64, std::net::SocketA
 
 /// Sends this replica's load and health shares when changed or due for a heartbeat.
 async fn flush_load(inner: &Inner, now: u64) {
+    let sized = inner.cfg.share_load_sizes;
     let shares: Vec<LoadShare> = {
         let mut l = inner.local.lock();
         if !l.dirty && now.saturating_sub(l.last_sent) < LOAD_HEARTBEAT_MS {
@@ -205,21 +206,33 @@ async fn flush_load(inner: &Inner, now: u64) {
                     pending_prefill_tokens: load.pending_prefill_tokens,
                     decoding: load.decoding,
                     healthy: l.health.get(&id).copied(),
+                    sizes: sized.then_some(DecodeSizes {
+                        context_tokens: load.decoding_context_tokens,
+                        output_tokens: load.decoding_output_tokens,
+                    }),
                 })
             })
             .collect()
     };
     let dests = inner.live_dests();
     // A fleet too large for one datagram is sent in several; each is a full state of its part.
-    let per = (inner.cfg.max_message_bytes - OVERHEAD - 10) / 40;
+    let per = (inner.cfg.max_message_bytes - OVERHEAD - 10) / MAX_LOAD_SHARE_BYTES;
+    let kind = if sized { Kind::LoadSized } else { Kind::Load };
+    let encode = |part: &[LoadShare], buf: &mut Vec<u8>| {
+        if sized {
+            payload::encode_load_sized(part, buf);
+        } else {
+            payload::encode_load(part, buf);
+        }
+    };
     let mut buf = Vec::new();
     for part in shares.chunks(per.max(1)) {
-        payload::encode_load(part, &mut buf);
-        inner.send_sealed(Kind::Load, &buf, &dests).await;
+        encode(part, &mut buf);
+        inner.send_sealed(kind, &buf, &dests).await;
     }
     if shares.is_empty() {
-        payload::encode_load(&[], &mut buf);
-        inner.send_sealed(Kind::Load, &buf, &dests).await;
+        encode(&[], &mut buf);
+        inner.send_sealed(kind, &buf, &dests).await;
     }
 }
 
@@ -240,6 +253,7 @@ mod tests {
             load_interval_ms: 3_600_000,
             push_on_change,
             push_gap_ms: 1,
+            share_load_sizes: true,
             ..config(1)
         }
     }
@@ -263,6 +277,9 @@ mod tests {
             id,
             RouterLoad {
                 in_flight,
+                decoding: in_flight / 2,
+                decoding_context_tokens: u64::from(in_flight / 2) * 1_000,
+                decoding_output_tokens: u64::from(in_flight / 2) * 100,
                 ..RouterLoad::default()
             },
         );
@@ -327,9 +344,48 @@ mod tests {
             "{pushes} pushes for 50 dispatches in 5 ms"
         );
         deliver(&b, &a, &sent).await;
-        assert_eq!(b.inner.agg.read().load[1].in_flight, 51);
+        let seen = b.inner.agg.read().load[1];
+        assert_eq!(seen.in_flight, 51);
+        assert_eq!(
+            (
+                seen.decoding,
+                seen.decoding_context_tokens,
+                seen.decoding_output_tokens
+            ),
+            (25, 25_000, 2_500),
+            "the decoding requests' sizes came with their count"
+        );
         assert_eq!(b.holds(1, &[61]), 1, "the last decision arrived");
 
+        let _ = stop.send(true);
+        let _ = task.await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_sizes_the_load_goes_as_replicas_that_predate_them_read_it() {
+        let (_, b) = pair(true);
+        let a = Replica::new(
+            0xA2,
+            7103,
+            crate::GossipConfig {
+                share_load_sizes: false,
+                ..quiet(true)
+            },
+        );
+        a.knows(&b);
+        b.inner.peers.lock().entry(a.inner.node_id).or_default().up = true;
+        let (stop, task) = flushing(&a).await;
+        dispatch(&a, 8);
+        settle(0).await;
+        let sent = a.take_sent();
+        let load: Vec<_> = sent.iter().filter(|d| d[1] == Kind::Load as u8).collect();
+        assert_eq!(load.len(), 1, "one datagram of the counts-only kind");
+        deliver(&b, &a, &sent).await;
+        let seen = b.inner.agg.read().load[1];
+        assert_eq!(
+            (seen.in_flight, seen.decoding, seen.decoding_context_tokens),
+            (8, 4, 0)
+        );
         let _ = stop.send(true);
         let _ = task.await;
     }

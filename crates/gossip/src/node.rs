@@ -154,6 +154,14 @@ pub(crate) struct Aggregate {
     pub health: Vec<Option<bool>>,
 }
 
+/// `x × num / den`, saturating; `x` when `den` is 0.
+fn scaled(x: u64, num: u64, den: u64) -> u64 {
+    if den == 0 {
+        return x;
+    }
+    (u128::from(x) * u128::from(num) / u128::from(den)).min(u128::from(u64::MAX)) as u64
+}
+
 /// Counters for status and tests.
 #[derive(Default)]
 pub(crate) struct Stats {
@@ -458,6 +466,9 @@ impl Inner {
         let now = self.now();
         let ttl = self.cfg.peer_ttl_ms;
         let mut a = Aggregate::default();
+        // Per instance: decoding requests counted with their sizes, and blind ones without
+        // (from peers that predate sizes, or that do not send them).
+        let mut counted: Vec<(u32, u32)> = Vec::new();
         {
             let peers = self.peers.lock();
             for p in peers.values() {
@@ -472,6 +483,7 @@ impl Inner {
                     if a.load.len() <= i {
                         a.load.resize(i + 1, RouterLoad::default());
                         a.health.resize(i + 1, None);
+                        counted.resize(i + 1, (0, 0));
                     }
                     let l = &mut a.load[i];
                     l.in_flight = l.in_flight.saturating_add(s.in_flight);
@@ -479,12 +491,30 @@ impl Inner {
                         .pending_prefill_tokens
                         .saturating_add(s.pending_prefill_tokens);
                     l.decoding = l.decoding.saturating_add(s.decoding);
+                    let (sized, blind) = &mut counted[i];
+                    match s.sizes {
+                        Some(z) => {
+                            l.decoding_context_tokens =
+                                l.decoding_context_tokens.saturating_add(z.context_tokens);
+                            l.decoding_output_tokens =
+                                l.decoding_output_tokens.saturating_add(z.output_tokens);
+                            *sized = sized.saturating_add(s.decoding);
+                        }
+                        None => *blind = blind.saturating_add(s.decoding),
+                    }
                     a.health[i] = match (a.health[i], s.healthy) {
                         (Some(false), _) | (_, Some(false)) => Some(false),
                         (Some(true), _) | (_, Some(true)) => Some(true),
                         (None, None) => None,
                     };
                 }
+            }
+        }
+        for (l, &(sized, blind)) in a.load.iter_mut().zip(&counted) {
+            if sized > 0 && blind > 0 {
+                let all = u64::from(sized) + u64::from(blind);
+                l.decoding_context_tokens = scaled(l.decoding_context_tokens, all, sized.into());
+                l.decoding_output_tokens = scaled(l.decoding_output_tokens, all, sized.into());
             }
         }
         *self.agg.write() = a;
@@ -632,6 +662,44 @@ mod tests {
         assert_eq!(r.len(), 4);
         assert_eq!(r[0][0], 6);
         assert!(l.range(9, 10).is_none(), "10 not produced yet");
+    }
+
+    #[test]
+    fn peers_decoding_sizes_are_summed_and_filled_in_for_peers_without_them() {
+        let r = crate::testkit::Replica::new(1, 7003, crate::testkit::config(1));
+        let key = r.inner.directory.key_of(InstanceId(1)).unwrap();
+        for node in [100, 200, 300] {
+            r.inner.peers.lock().entry(node).or_default().up = true;
+        }
+        let share = |decoding: u32, sized: bool| LoadShare {
+            instance_key: key,
+            decoding,
+            sizes: sized.then_some(payload::DecodeSizes {
+                context_tokens: u64::from(decoding) * 10_000,
+                output_tokens: u64::from(decoding) * 200,
+            }),
+            ..LoadShare::default()
+        };
+        let seen = |r: &crate::testkit::Replica| {
+            let l = r.inner.agg.read().load[1];
+            (
+                l.decoding,
+                l.decoding_context_tokens,
+                l.decoding_output_tokens,
+            )
+        };
+        r.inner.set_shares(100, vec![share(2, true)]);
+        r.inner.set_shares(200, vec![share(1, true)]);
+        assert_eq!(seen(&r), (3, 30_000, 600));
+        // A peer that predates sizes: its 3 requests are taken at the others' mean.
+        r.inner.set_shares(300, vec![share(3, false)]);
+        assert_eq!(seen(&r), (6, 60_000, 1_200));
+        // Only peers without sizes: none are guessed here (the router scales its own).
+        for node in [100, 200] {
+            r.inner.peers.lock().get_mut(&node).unwrap().up = false;
+        }
+        r.inner.recompute_aggregate();
+        assert_eq!(seen(&r), (3, 0, 0));
     }
 
     #[test]

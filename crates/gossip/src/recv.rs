@@ -111,6 +111,10 @@ async fn dispatch(
             let shares = payload::decode_load(p)?;
             inner.set_shares(h.sender, shares);
         }
+        Kind::LoadSized => {
+            let shares = payload::decode_load_sized(p)?;
+            inner.set_shares(h.sender, shares);
+        }
         Kind::Usage => {
             let usage = payload::decode_usage(p)?;
             if let Some(sink) = inner.usage_sink.get() {

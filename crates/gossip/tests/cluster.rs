@@ -132,6 +132,45 @@ async fn replicas_score_on_each_others_load() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decoding_sizes_travel_with_the_load_and_fill_in_for_replicas_that_send_counts_only() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    // The first two send sizes; the third counts only, as a replica of an earlier release does.
+    let started = AtomicUsize::new(0);
+    let c = cluster_of(3, |cfg| kvgate_gossip::GossipConfig {
+        share_load_sizes: started.fetch_add(1, Ordering::Relaxed) < 2,
+        ..cfg
+    })
+    .await;
+    let (a, b, counts_only) = (&c[0], &c[1], &c[2]);
+    let decoding = |n: u32, context: u64, output: u64| RouterLoad {
+        in_flight: n,
+        decoding: n,
+        decoding_context_tokens: context,
+        decoding_output_tokens: output,
+        ..RouterLoad::default()
+    };
+    a.gossip
+        .publish_load(&[(a.id(1), decoding(2, 30_000, 500))]);
+    counts_only
+        .gossip
+        .publish_load(&[(counts_only.id(1), decoding(1, 99_999, 999))]);
+    // B: A's two at their sizes, the third replica's one at A's mean.
+    let want = decoding(3, 45_000, 750);
+    let ok = wait_until(CONVERGE, || b.gossip.peer_load(b.id(1)) == want).await;
+    assert!(ok, "{:?}", b.gossip.peer_load(b.id(1)));
+    // The counts-only replica reads A's sizes too.
+    let want = decoding(2, 30_000, 500);
+    let ok = wait_until(CONVERGE, || {
+        counts_only.gossip.peer_load(counts_only.id(1)) == want
+    })
+    .await;
+    assert!(ok, "{:?}", counts_only.gossip.peer_load(counts_only.id(1)));
+    for n in c {
+        n.gossip.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_push_on_change_a_dispatch_needs_no_tick() {
     // Flush and load ticks an hour apart: only the dispatch push can carry anything.
     let c = cluster_of(2, |cfg| kvgate_gossip::GossipConfig {

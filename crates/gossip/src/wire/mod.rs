@@ -34,6 +34,9 @@ pub enum Kind {
     ResendRequest = 6,
     /// The sender's cumulative usage per rate-limited tenant (full state, idempotent).
     Usage = 7,
+    /// [`Kind::Load`] with the sizes of the requests each share counts as decoding (a kind of its
+    /// own: replicas that predate it drop it as an unknown kind).
+    LoadSized = 8,
 }
 
 impl Kind {
@@ -47,6 +50,7 @@ impl Kind {
             5 => Kind::SnapshotChunk,
             6 => Kind::ResendRequest,
             7 => Kind::Usage,
+            8 => Kind::LoadSized,
             _ => return None,
         })
     }
@@ -60,6 +64,7 @@ impl Kind {
             Kind::SnapshotChunk => "snapshot_chunk",
             Kind::ResendRequest => "resend_request",
             Kind::Usage => "usage",
+            Kind::LoadSized => "load_sized",
         }
     }
 }

@@ -8,12 +8,17 @@
 //! entry          = instance_key:u64 age_ms:varint ttl_ms:varint count:varint hash:u64*count
 //! load           = n:varint (instance_key:u64 in_flight:varint pending_prefill:varint
 //!                            decoding:varint health:u8)*n
+//! load_sized     = n:varint (instance_key:u64 in_flight:varint pending_prefill:varint
+//!                            decoding:varint health:u8 context_tokens:varint
+//!                            output_tokens:varint)*n
 //! snapshot_req   = request_id:u64
 //! resend_req     = from:varint to:varint
 //! usage          = n:varint (tenant_key:u64 requests:varint tokens:varint)*n
 //! ```
 //! A usage datagram carries cumulative totals since the sender started, so it is idempotent:
 //! receivers charge only what grew (`kvgate_core::ratelimit::PeerLedger`).
+//! `load_sized` is `load` with the sizes of each instance's decoding requests; receivers read
+//! both, and replicas that predate it drop it as an unknown kind.
 //! In a delta, an entry with `ttl_ms` 0 takes a decision back (its request never reached the
 //! instance): receivers drop their predictions and checkpoints of those hashes there. Receivers
 //! that predate retractions ignore it, as they ignore any expired entry.
@@ -236,10 +241,34 @@ pub struct LoadShare {
     pub decoding: u32,
     /// The sender's health observation: None = no opinion.
     pub healthy: Option<bool>,
+    /// The sizes of the `decoding` requests: None from a `load` datagram, which predates them.
+    pub sizes: Option<DecodeSizes>,
 }
 
-/// Encodes a load message.
+/// The sizes of the requests a [`LoadShare`] counts as decoding, in total.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct DecodeSizes {
+    /// Their context tokens (each: its prompt plus half its expected output).
+    pub context_tokens: u64,
+    /// Their expected output tokens.
+    pub output_tokens: u64,
+}
+
+/// The most bytes one share takes in a `load_sized` datagram (a `load` one takes 20 fewer).
+pub const MAX_LOAD_SHARE_BYTES: usize = 8 + 5 + 10 + 5 + 1 + 10 + 10;
+
+/// Encodes a `load` message (counts only: what replicas that predate sizes read).
 pub fn encode_load(shares: &[LoadShare], out: &mut Vec<u8>) {
+    encode_shares(shares, false, out);
+}
+
+/// Encodes a `load_sized` message: a `load` message whose shares end with their decoding
+/// requests' sizes (0 when a share has none).
+pub fn encode_load_sized(shares: &[LoadShare], out: &mut Vec<u8>) {
+    encode_shares(shares, true, out);
+}
+
+fn encode_shares(shares: &[LoadShare], sized: bool, out: &mut Vec<u8>) {
     out.clear();
     put_varint(out, shares.len() as u64);
     for s in shares {
@@ -252,14 +281,30 @@ pub fn encode_load(shares: &[LoadShare], out: &mut Vec<u8>) {
             Some(true) => 1,
             Some(false) => 2,
         });
+        if sized {
+            let z = s.sizes.unwrap_or_default();
+            put_varint(out, z.context_tokens);
+            put_varint(out, z.output_tokens);
+        }
     }
 }
 
-/// Decodes a load message.
+/// Decodes a `load` message (its shares have no sizes).
 pub fn decode_load(p: &[u8]) -> Result<Vec<LoadShare>, Malformed> {
+    decode_shares(p, false)
+}
+
+/// Decodes a `load_sized` message (every share has sizes).
+pub fn decode_load_sized(p: &[u8]) -> Result<Vec<LoadShare>, Malformed> {
+    decode_shares(p, true)
+}
+
+fn decode_shares(p: &[u8], sized: bool) -> Result<Vec<LoadShare>, Malformed> {
     let mut r = Reader::new(p);
     let n = r.varint()?;
-    if n > (r.remaining() / 12) as u64 {
+    // A share takes at least 12 bytes (the key, three one-byte varints, health), 14 with sizes.
+    let least = if sized { 14 } else { 12 };
+    if n > (r.remaining() / least) as u64 {
         return Err(Malformed);
     }
     let mut out = Vec::with_capacity(n as usize);
@@ -274,12 +319,21 @@ pub fn decode_load(p: &[u8]) -> Result<Vec<LoadShare>, Malformed> {
             2 => Some(false),
             _ => return Err(Malformed),
         };
+        let sizes = if sized {
+            Some(DecodeSizes {
+                context_tokens: r.varint()?,
+                output_tokens: r.varint()?,
+            })
+        } else {
+            None
+        };
         out.push(LoadShare {
             instance_key,
             in_flight,
             pending_prefill_tokens,
             decoding,
             healthy,
+            sizes,
         });
     }
     r.finish()?;
@@ -415,6 +469,7 @@ mod tests {
                 pending_prefill_tokens: 9000,
                 decoding: 2,
                 healthy: Some(true),
+                sizes: None,
             },
             LoadShare {
                 instance_key: 2,
@@ -424,7 +479,37 @@ mod tests {
         ];
         let mut out = Vec::new();
         encode_load(&shares, &mut out);
-        assert_eq!(decode_load(&out), Ok(shares));
+        assert_eq!(decode_load(&out), Ok(shares.clone()));
+        assert_eq!(out.len(), 1 + 13 + 12, "no sizes in a load datagram");
+        let sized: Vec<LoadShare> = shares
+            .iter()
+            .map(|s| LoadShare {
+                sizes: Some(DecodeSizes {
+                    context_tokens: u64::from(s.decoding) * 35_000,
+                    output_tokens: u64::MAX,
+                }),
+                ..*s
+            })
+            .collect();
+        encode_load_sized(&sized, &mut out);
+        assert_eq!(decode_load_sized(&out), Ok(sized));
+        assert!(
+            decode_load(&out).is_err(),
+            "the kinds are not interchangeable"
+        );
+        let widest = [LoadShare {
+            instance_key: u64::MAX,
+            in_flight: u32::MAX,
+            pending_prefill_tokens: u64::MAX,
+            decoding: u32::MAX,
+            healthy: Some(false),
+            sizes: Some(DecodeSizes {
+                context_tokens: u64::MAX,
+                output_tokens: u64::MAX,
+            }),
+        }];
+        encode_load_sized(&widest, &mut out);
+        assert_eq!(out.len(), 1 + MAX_LOAD_SHARE_BYTES);
         encode_snapshot_request(77, &mut out);
         assert_eq!(decode_snapshot_request(&out), Ok(77));
         encode_resend(3, 9, &mut out);
