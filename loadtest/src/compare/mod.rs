@@ -162,10 +162,13 @@ fn apply_contender_overrides(
             .filter_map(|o| o.strip_prefix(prefix).map(str::to_string))
             .collect()
     };
-    let (gossip, routing) = (under("gossip."), under("routing."));
+    // Keys under these prefixes set those sections; every other key sets the policy.
+    const GOSSIP: &str = "gossip.";
+    const ROUTING: &str = "routing.";
+    let (gossip, routing) = (under(GOSSIP), under(ROUTING));
     let policy: Vec<String> = overrides
         .iter()
-        .filter(|o| !o.starts_with("gossip.") && !o.starts_with("routing."))
+        .filter(|o| ![GOSSIP, ROUTING].iter().any(|p| o.starts_with(p)))
         .map(|o| o.to_string())
         .collect();
     let err = |e: crate::offline::OfflineError| e.to_string();
