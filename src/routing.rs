@@ -28,7 +28,7 @@ use kvgate_core::index::PlacementIndex;
 use kvgate_core::load::{DecodeRates, InstanceRates, LoadGuard, LoadTracker, RouterLoad};
 use kvgate_core::policy::util::mix;
 use kvgate_core::policy::{build_policy, Decision, Policy, RouteRequest};
-use kvgate_core::router::{BatchSample, Offer, Peers, Router, Scratch};
+use kvgate_core::router::{BatchSample, Offer, PeerLoad, Peers, Router, Scratch};
 use kvgate_core::{BlockHash, InstanceId, Millis};
 use kvgate_tokenizer::TokenMode;
 use serde::Serialize;
@@ -743,7 +743,7 @@ impl Peers for GossipPeers<'_> {
     fn materialize(&self, hashes: &[BlockHash], now: Millis) {
         self.0.materialize(hashes, now);
     }
-    fn load(&self, instance: InstanceId) -> RouterLoad {
+    fn load(&self, instance: InstanceId) -> PeerLoad {
         self.0.peer_load(instance)
     }
     fn record(&self, chosen: InstanceId, hashes: &[BlockHash], known: usize, now: Millis) {

@@ -122,13 +122,13 @@ async fn replicas_share_placements_and_load() {
             .map(|r| r.status().as_u16())
     });
     let ok = eventually(10, || {
-        (0..3).any(|i| gb.peer_load(InstanceId(i)).in_flight == 1)
+        (0..3).any(|i| gb.peer_load(InstanceId(i)).load.in_flight == 1)
     })
     .await;
     assert!(ok, "A's in-flight request not visible to B");
     let _ = slow.await;
     let ok = eventually(10, || {
-        (0..3).all(|i| gb.peer_load(InstanceId(i)).in_flight == 0)
+        (0..3).all(|i| gb.peer_load(InstanceId(i)).load.in_flight == 0)
     })
     .await;
     assert!(ok, "finished request still counted");

@@ -66,6 +66,16 @@ impl RequestSize {
     }
 }
 
+/// `total`, the summed size of `known` items, extended to `count` items of the same mean size
+/// (saturating): how sizes are filled in for requests counted without them. `total` as it is when
+/// `known` is 0 (no mean to extend).
+pub fn extend_at_mean(total: u64, known: u64, count: u64) -> u64 {
+    if known == 0 {
+        return total;
+    }
+    (u128::from(total) * u128::from(count) / u128::from(known)).min(u128::from(u64::MAX)) as u64
+}
+
 /// Load scraped from the engine (`/metrics` or SGLang `/v1/loads`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct EngineLoad {
@@ -308,6 +318,15 @@ pub struct InstanceRates {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_extend_at_their_mean_and_saturate() {
+        assert_eq!(extend_at_mean(4_000, 2, 6), 12_000);
+        assert_eq!(extend_at_mean(4_000, 2, 2), 4_000);
+        assert_eq!(extend_at_mean(7, 3, 4), 9, "rounds down");
+        assert_eq!(extend_at_mean(5, 0, 9), 5, "no mean to extend");
+        assert_eq!(extend_at_mean(u64::MAX, 1, 2), u64::MAX);
+    }
 
     #[test]
     fn the_change_hook_sees_every_change_after_it_happened() {

@@ -19,8 +19,9 @@ use std::sync::Arc;
 
 use crate::index::{PlacementIndex, PrefixMatches};
 use crate::load::{
-    ConcurrentDecisions, DecodeEstimator, DecodeObservation, DecodeRateConfig, EngineLoad,
-    LoadGuard, LoadTracker, OutputLengths, RateConfig, RateEstimator, RequestSize, RouterLoad,
+    extend_at_mean, ConcurrentDecisions, DecodeEstimator, DecodeObservation, DecodeRateConfig,
+    EngineLoad, LoadGuard, LoadTracker, OutputLengths, RateConfig, RateEstimator, RequestSize,
+    RouterLoad,
 };
 use crate::policy::{Candidate, Decision, Policy, RouteRequest};
 use crate::{BlockHash, InstanceId, Millis, Source};
@@ -49,7 +50,7 @@ pub trait Peers {
     /// Brings peers' placements of `hashes` into the index before it is matched.
     fn materialize(&self, hashes: &[BlockHash], now: Millis);
     /// Peers' share of `instance`'s load.
-    fn load(&self, instance: InstanceId) -> RouterLoad;
+    fn load(&self, instance: InstanceId) -> PeerLoad;
     /// Shares a decision: `chosen` now holds `hashes`, of which `known_blocks` it already held.
     fn record(&self, chosen: InstanceId, hashes: &[BlockHash], known_blocks: usize, now: Millis);
     /// Takes a shared decision back: the request never reached `chosen`, so the blocks past
@@ -63,6 +64,17 @@ pub trait Peers {
     fn unseen_window_ms(&self) -> Millis {
         0
     }
+}
+
+/// Peers' share of one instance's load.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PeerLoad {
+    /// Their requests there, summed.
+    pub load: RouterLoad,
+    /// Whether `load`'s decoding sizes cover all of its decoding requests. False when no peer
+    /// sent sizes (replicas that predate them, or that do not share them); the sizes are then 0
+    /// and the reader estimates them.
+    pub sizes_known: bool,
 }
 
 /// A usable instance offered to a decision.
@@ -457,29 +469,28 @@ const MAX_STALL_SHARE: f64 = 0.9;
 /// decoding sequences' sizes with their counts; when none of them did (replicas that predate
 /// sizes), peers' sequences are taken to be the size of this router's own on average.
 pub fn fleet_load(own: RouterLoad, peers: Option<&dyn Peers>, id: InstanceId) -> RouterLoad {
-    let Some(p) = peers else { return own };
-    let p = p.load(id);
-    let sized = p.decoding == 0 || p.decoding_context_tokens > 0;
-    let scale = |x: u64| -> u64 {
-        if sized || own.decoding == 0 {
-            return x;
-        }
-        let all = u64::from(own.decoding) + u64::from(p.decoding);
-        ((x as u128 * all as u128) / u128::from(own.decoding)).min(u128::from(u64::MAX)) as u64
-    };
-    let (peers_context, peers_output) = if sized {
-        (p.decoding_context_tokens, p.decoding_output_tokens)
+    let Some(peers) = peers else { return own };
+    let PeerLoad {
+        load: p,
+        sizes_known,
+    } = peers.load(id);
+    let known = u64::from(own.decoding);
+    let count = if sizes_known {
+        known
     } else {
-        (0, 0)
+        known + u64::from(p.decoding)
     };
+    let own_sizes = |total: u64| extend_at_mean(total, known, count);
     RouterLoad {
         in_flight: own.in_flight.saturating_add(p.in_flight),
         pending_prefill_tokens: own
             .pending_prefill_tokens
             .saturating_add(p.pending_prefill_tokens),
         decoding: own.decoding.saturating_add(p.decoding),
-        decoding_context_tokens: scale(own.decoding_context_tokens).saturating_add(peers_context),
-        decoding_output_tokens: scale(own.decoding_output_tokens).saturating_add(peers_output),
+        decoding_context_tokens: own_sizes(own.decoding_context_tokens)
+            .saturating_add(p.decoding_context_tokens),
+        decoding_output_tokens: own_sizes(own.decoding_output_tokens)
+            .saturating_add(p.decoding_output_tokens),
     }
 }
 
@@ -543,13 +554,16 @@ mod tests {
         fn materialize(&self, _: &[BlockHash], _: Millis) {
             *self.materialized.lock() += 1;
         }
-        fn load(&self, _: InstanceId) -> RouterLoad {
-            RouterLoad {
-                in_flight: 2,
-                pending_prefill_tokens: 100,
-                decoding: 1,
-                decoding_context_tokens: 7,
-                decoding_output_tokens: 3,
+        fn load(&self, _: InstanceId) -> PeerLoad {
+            PeerLoad {
+                load: RouterLoad {
+                    in_flight: 2,
+                    pending_prefill_tokens: 100,
+                    decoding: 1,
+                    decoding_context_tokens: 7,
+                    decoding_output_tokens: 3,
+                },
+                sizes_known: true,
             }
         }
         fn record(&self, chosen: InstanceId, hashes: &[BlockHash], known: usize, _: Millis) {
@@ -567,11 +581,11 @@ mod tests {
     }
 
     /// Peers whose share of every instance is one fixed load.
-    struct Fixed(RouterLoad);
+    struct Fixed(PeerLoad);
 
     impl Peers for Fixed {
         fn materialize(&self, _: &[BlockHash], _: Millis) {}
-        fn load(&self, _: InstanceId) -> RouterLoad {
+        fn load(&self, _: InstanceId) -> PeerLoad {
             self.0
         }
         fn record(&self, _: InstanceId, _: &[BlockHash], _: usize, _: Millis) {}
@@ -587,7 +601,10 @@ mod tests {
             decoding_context_tokens: 4_000,
             decoding_output_tokens: 200,
         };
-        let fleet = |p: RouterLoad| fleet_load(own, Some(&Fixed(p) as &dyn Peers), InstanceId(0));
+        let fleet = |load: RouterLoad, sizes_known: bool| {
+            let p = Fixed(PeerLoad { load, sizes_known });
+            fleet_load(own, Some(&p as &dyn Peers), InstanceId(0))
+        };
         let peers = RouterLoad {
             in_flight: 5,
             pending_prefill_tokens: 500,
@@ -596,7 +613,7 @@ mod tests {
             decoding_output_tokens: 1_000,
         };
         assert_eq!(
-            fleet(peers),
+            fleet(peers, true),
             RouterLoad {
                 in_flight: 8,
                 pending_prefill_tokens: 1_500,
@@ -612,11 +629,20 @@ mod tests {
             ..peers
         };
         assert_eq!(
-            fleet(blind).decoding_context_tokens,
+            fleet(blind, false).decoding_context_tokens,
             12_000,
             "without sizes, 6 sequences at this router's mean of 2,000"
         );
-        assert_eq!(fleet(blind).decoding_output_tokens, 600);
+        assert_eq!(fleet(blind, false).decoding_output_tokens, 600);
+        let idle = RouterLoad {
+            decoding: 0,
+            ..blind
+        };
+        assert_eq!(
+            fleet(idle, true).decoding_context_tokens,
+            4_000,
+            "nothing of peers' decoding"
+        );
         assert_eq!(fleet_load(own, None, InstanceId(0)), own);
     }
 

@@ -183,6 +183,9 @@ async fn emit(inner: &Inner, b: EntriesBuilder, dests: &[(u64, std::net::SocketA
     inner.send_sealed(Kind::Delta, &buf, dests).await;
 }
 
+/// Writes a load datagram's payload.
+type EncodeLoad = fn(&[LoadShare], &mut Vec<u8>);
+
 /// Sends this replica's load and health shares when changed or due for a heartbeat.
 async fn flush_load(inner: &Inner, now: u64) {
     let sized = inner.cfg.share_load_sizes;
@@ -217,13 +220,10 @@ async fn flush_load(inner: &Inner, now: u64) {
     let dests = inner.live_dests();
     // A fleet too large for one datagram is sent in several; each is a full state of its part.
     let per = (inner.cfg.max_message_bytes - OVERHEAD - 10) / MAX_LOAD_SHARE_BYTES;
-    let kind = if sized { Kind::LoadSized } else { Kind::Load };
-    let encode = |part: &[LoadShare], buf: &mut Vec<u8>| {
-        if sized {
-            payload::encode_load_sized(part, buf);
-        } else {
-            payload::encode_load(part, buf);
-        }
+    let (kind, encode): (Kind, EncodeLoad) = if sized {
+        (Kind::LoadSized, payload::encode_load_sized)
+    } else {
+        (Kind::Load, payload::encode_load)
     };
     let mut buf = Vec::new();
     for part in shares.chunks(per.max(1)) {
@@ -326,7 +326,7 @@ mod tests {
         let sent = a.take_sent();
         assert_eq!(sent.len(), 2, "one decision batch and one load share");
         deliver(&b, &a, &sent).await;
-        assert_eq!(b.inner.agg.read().load[1].in_flight, 1);
+        assert_eq!(b.inner.agg.read().instances[1].load.in_flight, 1);
         assert_eq!(b.holds(1, &[11]), 1);
 
         // Fifty dispatches 100 µs apart (5 ms): pushed at most once per millisecond, the last
@@ -344,7 +344,7 @@ mod tests {
             "{pushes} pushes for 50 dispatches in 5 ms"
         );
         deliver(&b, &a, &sent).await;
-        let seen = b.inner.agg.read().load[1];
+        let seen = b.inner.agg.read().instances[1].load;
         assert_eq!(seen.in_flight, 51);
         assert_eq!(
             (
@@ -381,7 +381,7 @@ mod tests {
         let load: Vec<_> = sent.iter().filter(|d| d[1] == Kind::Load as u8).collect();
         assert_eq!(load.len(), 1, "one datagram of the counts-only kind");
         deliver(&b, &a, &sent).await;
-        let seen = b.inner.agg.read().load[1];
+        let seen = b.inner.agg.read().instances[1].load;
         assert_eq!(
             (seen.in_flight, seen.decoding, seen.decoding_context_tokens),
             (8, 4, 0)

@@ -15,6 +15,7 @@ use crate::store::PlacementStore;
 use crate::transport::{Transport, UdpTransport};
 use crate::{flush, recv, GossipConfig};
 use kvgate_core::load::RouterLoad;
+use kvgate_core::router::PeerLoad;
 use kvgate_core::{BlockHash, InstanceId, Millis};
 use parking_lot::Mutex;
 use std::net::SocketAddr;
@@ -286,14 +287,17 @@ impl Gossip {
 
     /// The sum of live peers' router-tracked load on `instance` (this replica's own excluded):
     /// score on own + this for fleet-wide load.
-    pub fn peer_load(&self, instance: InstanceId) -> RouterLoad {
+    pub fn peer_load(&self, instance: InstanceId) -> PeerLoad {
         self.inner
             .agg
             .read()
-            .load
+            .instances
             .get(instance.index())
-            .copied()
-            .unwrap_or_default()
+            .map(|e| e.peer_load())
+            .unwrap_or(PeerLoad {
+                load: RouterLoad::default(),
+                sizes_known: true,
+            })
     }
 
     /// The names this replica's instances go by on the wire; the gateway registers instances
@@ -308,10 +312,9 @@ impl Gossip {
         self.inner
             .agg
             .read()
-            .health
+            .instances
             .get(instance.index())
-            .copied()
-            .flatten()
+            .and_then(|e| e.health)
     }
 
     /// The advertised address of this replica.

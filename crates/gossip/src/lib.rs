@@ -8,8 +8,9 @@
 //!    `Source::Peer` predictions with a TTL;
 //! 2. **in-flight load**: each replica's router-tracked [`RouterLoad`](kvgate_core::load::RouterLoad)
 //!    per instance, summed over live peers by [`Gossip::peer_load`] (the decoding requests'
-//!    sizes only from peers with `share_load_sizes`; others' are taken at those peers' mean, or
-//!    left at 0 for the router to estimate when no peer sends them);
+//!    sizes only from peers with `share_load_sizes`; others' are taken at those peers' mean, or,
+//!    when no peer sends them, marked unknown (`PeerLoad::sizes_known`) for the router to
+//!    estimate);
 //! 3. **health observations** of instances, merged by [`Gossip::peer_health`].
 //!
 //! Engine-event-sourced entries are never gossiped: every replica subscribes to the engines itself.

@@ -18,7 +18,8 @@ use crate::wire::payload::{self, Entry, LoadShare};
 use crate::wire::Kind;
 use crate::{metrics as m, GossipConfig};
 use ahash::AHashMap;
-use kvgate_core::load::RouterLoad;
+use kvgate_core::load::{extend_at_mean, RouterLoad};
+use kvgate_core::router::PeerLoad;
 use kvgate_core::{BlockHash, InstanceId, Millis};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, VecDeque};
@@ -150,16 +151,29 @@ pub(crate) struct PeerState {
 /// Sum of live peers' shares, indexed by `InstanceId::index()`.
 #[derive(Default)]
 pub(crate) struct Aggregate {
-    pub load: Vec<RouterLoad>,
-    pub health: Vec<Option<bool>>,
+    pub instances: Vec<InstanceAggregate>,
 }
 
-/// `x × num / den`, saturating; `x` when `den` is 0.
-fn scaled(x: u64, num: u64, den: u64) -> u64 {
-    if den == 0 {
-        return x;
+/// Live peers' shares of one instance, summed.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct InstanceAggregate {
+    pub load: RouterLoad,
+    pub health: Option<bool>,
+    /// Decoding requests counted with their sizes, and without (from peers that predate sizes or
+    /// do not send them).
+    sized: u32,
+    blind: u32,
+}
+
+impl InstanceAggregate {
+    /// What the router reads: the sum, with sizes known when any peer sent them (counts-only
+    /// peers' requests are filled in at the sized ones' mean).
+    pub fn peer_load(&self) -> PeerLoad {
+        PeerLoad {
+            load: self.load,
+            sizes_known: self.blind == 0 || self.sized > 0,
+        }
     }
-    (u128::from(x) * u128::from(num) / u128::from(den)).min(u128::from(u64::MAX)) as u64
 }
 
 /// Counters for status and tests.
@@ -466,9 +480,6 @@ impl Inner {
         let now = self.now();
         let ttl = self.cfg.peer_ttl_ms;
         let mut a = Aggregate::default();
-        // Per instance: decoding requests counted with their sizes, and blind ones without
-        // (from peers that predate sizes, or that do not send them).
-        let mut counted: Vec<(u32, u32)> = Vec::new();
         {
             let peers = self.peers.lock();
             for p in peers.values() {
@@ -480,29 +491,27 @@ impl Inner {
                         continue;
                     }
                     let i = id.index();
-                    if a.load.len() <= i {
-                        a.load.resize(i + 1, RouterLoad::default());
-                        a.health.resize(i + 1, None);
-                        counted.resize(i + 1, (0, 0));
+                    if a.instances.len() <= i {
+                        a.instances.resize(i + 1, InstanceAggregate::default());
                     }
-                    let l = &mut a.load[i];
+                    let e = &mut a.instances[i];
+                    let l = &mut e.load;
                     l.in_flight = l.in_flight.saturating_add(s.in_flight);
                     l.pending_prefill_tokens = l
                         .pending_prefill_tokens
                         .saturating_add(s.pending_prefill_tokens);
                     l.decoding = l.decoding.saturating_add(s.decoding);
-                    let (sized, blind) = &mut counted[i];
                     match s.sizes {
                         Some(z) => {
                             l.decoding_context_tokens =
                                 l.decoding_context_tokens.saturating_add(z.context_tokens);
                             l.decoding_output_tokens =
                                 l.decoding_output_tokens.saturating_add(z.output_tokens);
-                            *sized = sized.saturating_add(s.decoding);
+                            e.sized = e.sized.saturating_add(s.decoding);
                         }
-                        None => *blind = blind.saturating_add(s.decoding),
+                        None => e.blind = e.blind.saturating_add(s.decoding),
                     }
-                    a.health[i] = match (a.health[i], s.healthy) {
+                    e.health = match (e.health, s.healthy) {
                         (Some(false), _) | (_, Some(false)) => Some(false),
                         (Some(true), _) | (_, Some(true)) => Some(true),
                         (None, None) => None,
@@ -510,12 +519,11 @@ impl Inner {
                 }
             }
         }
-        for (l, &(sized, blind)) in a.load.iter_mut().zip(&counted) {
-            if sized > 0 && blind > 0 {
-                let all = u64::from(sized) + u64::from(blind);
-                l.decoding_context_tokens = scaled(l.decoding_context_tokens, all, sized.into());
-                l.decoding_output_tokens = scaled(l.decoding_output_tokens, all, sized.into());
-            }
+        for e in &mut a.instances {
+            let (known, count) = (u64::from(e.sized), u64::from(e.sized) + u64::from(e.blind));
+            let l = &mut e.load;
+            l.decoding_context_tokens = extend_at_mean(l.decoding_context_tokens, known, count);
+            l.decoding_output_tokens = extend_at_mean(l.decoding_output_tokens, known, count);
         }
         *self.agg.write() = a;
     }
@@ -681,25 +689,28 @@ mod tests {
             ..LoadShare::default()
         };
         let seen = |r: &crate::testkit::Replica| {
-            let l = r.inner.agg.read().load[1];
+            let p = r.inner.agg.read().instances[1].peer_load();
+            let l = p.load;
             (
                 l.decoding,
                 l.decoding_context_tokens,
                 l.decoding_output_tokens,
+                p.sizes_known,
             )
         };
         r.inner.set_shares(100, vec![share(2, true)]);
         r.inner.set_shares(200, vec![share(1, true)]);
-        assert_eq!(seen(&r), (3, 30_000, 600));
+        assert_eq!(seen(&r), (3, 30_000, 600, true));
         // A peer that predates sizes: its 3 requests are taken at the others' mean.
         r.inner.set_shares(300, vec![share(3, false)]);
-        assert_eq!(seen(&r), (6, 60_000, 1_200));
-        // Only peers without sizes: none are guessed here (the router scales its own).
+        assert_eq!(seen(&r), (6, 60_000, 1_200, true));
+        // Only peers without sizes: none are guessed here, and the router is told so (it
+        // scales its own).
         for node in [100, 200] {
             r.inner.peers.lock().get_mut(&node).unwrap().up = false;
         }
         r.inner.recompute_aggregate();
-        assert_eq!(seen(&r), (3, 0, 0));
+        assert_eq!(seen(&r), (3, 0, 0, false));
     }
 
     #[test]

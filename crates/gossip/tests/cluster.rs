@@ -85,17 +85,20 @@ async fn replicas_score_on_each_others_load() {
         },
     )]);
     let ok = wait_until(CONVERGE, || {
-        b.gossip.peer_load(b.id(1)).in_flight == 5
-            && c[2].gossip.peer_load(c[2].id(1)).in_flight == 5
+        b.gossip.peer_load(b.id(1)).load.in_flight == 5
+            && c[2].gossip.peer_load(c[2].id(1)).load.in_flight == 5
     })
     .await;
     assert!(ok, "A's in-flight not visible");
-    assert_eq!(b.gossip.peer_load(b.id(1)).pending_prefill_tokens, 40_000);
-    assert_eq!(b.gossip.peer_load(b.id(0)), RouterLoad::default());
+    assert_eq!(
+        b.gossip.peer_load(b.id(1)).load.pending_prefill_tokens,
+        40_000
+    );
+    assert_eq!(b.gossip.peer_load(b.id(0)).load, RouterLoad::default());
 
     // Least-load choice on own + peer load: A fills instance 0, then B must not also pick it.
     let pick = |n: &Node, own: &[u32; 2]| -> usize {
-        let total = |i: usize| own[i] + n.gossip.peer_load(n.id(i)).in_flight;
+        let total = |i: usize| own[i] + n.gossip.peer_load(n.id(i)).load.in_flight;
         if total(0) <= total(1) {
             0
         } else {
@@ -103,7 +106,7 @@ async fn replicas_score_on_each_others_load() {
         }
     };
     a.gossip.publish_load(&[(a.id(1), RouterLoad::default())]);
-    assert!(wait_until(CONVERGE, || b.gossip.peer_load(b.id(1)).in_flight == 0).await);
+    assert!(wait_until(CONVERGE, || b.gossip.peer_load(b.id(1)).load.in_flight == 0).await);
     let a_own = [0u32, 0];
     let a_pick = pick(a, &a_own);
     assert_eq!(a_pick, 0);
@@ -114,7 +117,7 @@ async fn replicas_score_on_each_others_load() {
             ..Default::default()
         },
     )]);
-    assert!(wait_until(CONVERGE, || b.gossip.peer_load(b.id(0)).in_flight == 1).await);
+    assert!(wait_until(CONVERGE, || b.gossip.peer_load(b.id(0)).load.in_flight == 1).await);
     assert_eq!(pick(b, &[0, 0]), 1, "B picked the instance A just filled");
 
     // Health observations are shared too.
@@ -156,15 +159,19 @@ async fn decoding_sizes_travel_with_the_load_and_fill_in_for_replicas_that_send_
         .publish_load(&[(counts_only.id(1), decoding(1, 99_999, 999))]);
     // B: A's two at their sizes, the third replica's one at A's mean.
     let want = decoding(3, 45_000, 750);
-    let ok = wait_until(CONVERGE, || b.gossip.peer_load(b.id(1)) == want).await;
-    assert!(ok, "{:?}", b.gossip.peer_load(b.id(1)));
+    let ok = wait_until(CONVERGE, || b.gossip.peer_load(b.id(1)).load == want).await;
+    assert!(ok, "{:?}", b.gossip.peer_load(b.id(1)).load);
     // The counts-only replica reads A's sizes too.
     let want = decoding(2, 30_000, 500);
     let ok = wait_until(CONVERGE, || {
-        counts_only.gossip.peer_load(counts_only.id(1)) == want
+        counts_only.gossip.peer_load(counts_only.id(1)).load == want
     })
     .await;
-    assert!(ok, "{:?}", counts_only.gossip.peer_load(counts_only.id(1)));
+    assert!(
+        ok,
+        "{:?}",
+        counts_only.gossip.peer_load(counts_only.id(1)).load
+    );
     for n in c {
         n.gossip.shutdown().await;
     }
@@ -190,7 +197,7 @@ async fn with_push_on_change_a_dispatch_needs_no_tick() {
     };
     a.gossip.publish_load_change(a.id(2), load);
     let ok = wait_until(CONVERGE, || {
-        b.gossip.peer_load(b.id(2)) == load && b.holds(2, &prompt) == 40
+        b.gossip.peer_load(b.id(2)).load == load && b.holds(2, &prompt) == 40
     })
     .await;
     assert!(ok, "B did not see A's dispatch");
@@ -220,7 +227,11 @@ async fn restarted_replica_catches_up_from_snapshots() {
     )]);
     assert!(wait_until(CONVERGE, || c[2].holds(1, &before) == 200).await);
     assert!(
-        wait_until(CONVERGE, || c[0].gossip.peer_load(c[0].id(3)).in_flight
+        wait_until(CONVERGE, || c[0]
+            .gossip
+            .peer_load(c[0].id(3))
+            .load
+            .in_flight
             == 7)
         .await
     );
@@ -231,7 +242,7 @@ async fn restarted_replica_catches_up_from_snapshots() {
     dead.gossip.shutdown().await;
     let ok = wait_until(CONVERGE, || {
         c.iter().all(|n| n.gossip.live_peers() == 1)
-            && c[0].gossip.peer_load(c[0].id(3)).in_flight == 0
+            && c[0].gossip.peer_load(c[0].id(3)).load.in_flight == 0
     })
     .await;
     assert!(ok, "C's departure not detected or its load kept");
@@ -407,7 +418,7 @@ async fn wrong_secret_or_cluster_is_rejected() {
     assert!(wait_until(CONVERGE, || a.holds(1, &legit) == 40).await);
     assert_eq!(a.holds(1, &forged), 0, "forged placement applied");
     assert_eq!(
-        a.gossip.peer_load(a.id(1)).in_flight,
+        a.gossip.peer_load(a.id(1)).load.in_flight,
         0,
         "forged load applied"
     );
