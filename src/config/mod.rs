@@ -3,7 +3,7 @@
 //! Invariants:
 //! - Every default lives in a section's `Default` impl and nowhere else; `config/kvgate.toml`
 //!   documents the same values and a test asserts it parses to exactly `Config::default()`.
-//! - Precedence: built-in defaults < TOML file < `KVGATE_*` environment variables (see [`env`]) <
+//! - Precedence: built-in defaults < TOML file < `KVGATE_*` environment variables (see [`mod@env`]) <
 //!   command-line flags (applied by the binary).
 //! - Unknown keys and invalid values are start-up errors that name the key.
 

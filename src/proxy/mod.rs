@@ -339,7 +339,7 @@ fn has_candidate(state: &AppState, pool: &Pool, tried: &[InstanceId]) -> bool {
 
 /// A request parsed, hashed for its pool, authorized for its model, admitted under its tenant's
 /// rate limit and given its admission gate: the first half of "admit + decide", shared by both
-/// doors — the proxy's [`forward`] and the endpoint picker ([`crate::picker`]).
+/// doors — the proxy's `forward` and the endpoint picker ([`crate::picker`]).
 pub struct Admitted<'s> {
     /// Its pool.
     pub pool: &'s Pool,

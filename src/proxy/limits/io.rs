@@ -269,7 +269,7 @@ pub struct Counted {
     pub inner: GatewayService,
     /// The connection's requests.
     pub requests: Arc<Requests>,
-    /// HTTP/2: the write timeout, enforced per answer ([`Stall`]). A client that stops reading
+    /// HTTP/2: the write timeout, enforced per answer (`Stall`). A client that stops reading
     /// an HTTP/2 stream closes its flow-control window instead of stalling the socket's writes,
     /// which [`Guarded`] would see.
     pub stall: Option<Duration>,

@@ -113,7 +113,7 @@
 //!   where a single gateway fills the cheapest instances one request after another. So the
 //!   decision places the peers' (cold) requests first, one after another under the tie rule; a
 //!   cold request then takes one of the burst's places at random, any other the cheapest once the
-//!   burst's queue is added (see [`super::concurrent`]). Below 0.05 expected concurrent
+//!   burst's queue is added (see `policy::concurrent`). Below 0.05 expected concurrent
 //!   decisions the choice is as alone.
 //!
 //! A routing decision is inserted into the placement index at once (a predicted placement), so
@@ -173,7 +173,7 @@ pub struct KvgateTerms {
     /// `concurrency_weight` is off: only a decision among peers reads it).
     pub cold_ms: f64,
     /// That cold request's prefill there, ms: what one more of it adds to the queue there (see
-    /// [`super::concurrent`]; 0 while `concurrency_weight` is off).
+    /// `policy::concurrent`; 0 while `concurrency_weight` is off).
     pub cold_prefill_ms: f64,
 }
 

@@ -9,7 +9,7 @@
 //!
 //! Invariants:
 //! - Nothing in a payload is looked at before the envelope's size, version, cluster tag, AEAD tag,
-//!   timestamp window and replay window have all passed ([`envelope::Opener::open`]).
+//!   timestamp window and replay window have all passed ([`envelope::Keys::open`], then [`envelope::ReplayGuard`]).
 //! - Every decoder is total: any byte string yields a value or a [`Malformed`] error, never a panic,
 //!   and never allocates more than the input's length justifies.
 
