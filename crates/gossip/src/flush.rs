@@ -13,6 +13,9 @@
 //!   delayed batch never extends a prediction.
 //! - Pushes on change are at least `push_gap_ms` apart: at most `1000 / push_gap_ms` a second
 //!   besides the ticks, however often the load changes.
+//! - With `share_load_sizes`, every load state goes to every live peer as `load_sized`, and to a
+//!   peer not heard sending `load_sized` within `peer_ttl_ms` as `load` first (a replica that
+//!   predates sizes reads only that one).
 
 use crate::checkpoints::checkpoint_positions;
 use crate::node::{wall_ms, Inner, PendingDecision};
@@ -188,7 +191,6 @@ type EncodeLoad = fn(&[LoadShare], &mut Vec<u8>);
 
 /// Sends this replica's load and health shares when changed or due for a heartbeat.
 async fn flush_load(inner: &Inner, now: u64) {
-    let sized = inner.cfg.share_load_sizes;
     let shares: Vec<LoadShare> = {
         let mut l = inner.local.lock();
         if !l.dirty && now.saturating_sub(l.last_sent) < LOAD_HEARTBEAT_MS {
@@ -209,7 +211,7 @@ async fn flush_load(inner: &Inner, now: u64) {
                     pending_prefill_tokens: load.pending_prefill_tokens,
                     decoding: load.decoding,
                     healthy: l.health.get(&id).copied(),
-                    sizes: sized.then_some(DecodeSizes {
+                    sizes: Some(DecodeSizes {
                         context_tokens: load.decoding_context_tokens,
                         output_tokens: load.decoding_output_tokens,
                     }),
@@ -218,21 +220,61 @@ async fn flush_load(inner: &Inner, now: u64) {
             .collect()
     };
     let dests = inner.live_dests();
-    // A fleet too large for one datagram is sent in several; each is a full state of its part.
-    let per = (inner.cfg.max_message_bytes - OVERHEAD - 10) / MAX_LOAD_SHARE_BYTES;
-    let (kind, encode): (Kind, EncodeLoad) = if sized {
-        (Kind::LoadSized, payload::encode_load_sized)
-    } else {
-        (Kind::Load, payload::encode_load)
+    if !inner.cfg.share_load_sizes {
+        send_load(inner, Kind::Load, payload::encode_load, &shares, &dests).await;
+        return;
+    }
+    // Peers heard sending sizes read them. The others may predate them (and drop `load_sized` as
+    // an unknown kind), so they get the counts-only kind too, first: one that reads both keeps
+    // the sized state, and stops reading our `load` once it has seen a `load_sized` from us.
+    let counts_too: Vec<_> = {
+        let peers = inner.peers.lock();
+        let ttl = inner.cfg.peer_ttl_ms;
+        dests
+            .iter()
+            .filter(|(node, _)| !peers.get(node).is_some_and(|p| p.sends_sizes(now, ttl)))
+            .copied()
+            .collect()
     };
+    send_load(
+        inner,
+        Kind::Load,
+        payload::encode_load,
+        &shares,
+        &counts_too,
+    )
+    .await;
+    send_load(
+        inner,
+        Kind::LoadSized,
+        payload::encode_load_sized,
+        &shares,
+        &dests,
+    )
+    .await;
+}
+
+/// Sends `shares` as `kind` datagrams to `dests`: several when a fleet is too large for one
+/// (each a full state of its part), one empty one when there are none.
+async fn send_load(
+    inner: &Inner,
+    kind: Kind,
+    encode: EncodeLoad,
+    shares: &[LoadShare],
+    dests: &[(u64, std::net::SocketAddr)],
+) {
+    if dests.is_empty() {
+        return;
+    }
+    let per = (inner.cfg.max_message_bytes - OVERHEAD - 10) / MAX_LOAD_SHARE_BYTES;
     let mut buf = Vec::new();
     for part in shares.chunks(per.max(1)) {
         encode(part, &mut buf);
-        inner.send_sealed(kind, &buf, &dests).await;
+        inner.send_sealed(kind, &buf, dests).await;
     }
     if shares.is_empty() {
         encode(&[], &mut buf);
-        inner.send_sealed(kind, &buf, &dests).await;
+        inner.send_sealed(kind, &buf, dests).await;
     }
 }
 
@@ -298,6 +340,20 @@ mod tests {
         }
     }
 
+    /// `from` sends `at` an empty `load_sized` datagram: `at` learns that `from` reads sizes.
+    async fn sizes_heard(at: &Replica, from: &Replica) {
+        let mut buf = Vec::new();
+        payload::encode_load_sized(&[], &mut buf);
+        let to = [(at.inner.node_id, at.inner.addr)];
+        from.inner.send_sealed(Kind::LoadSized, &buf, &to).await;
+        deliver(at, from, &from.take_sent()).await;
+    }
+
+    /// The kinds of `datagrams`, in order.
+    fn kinds(datagrams: &[Vec<u8>]) -> Vec<u8> {
+        datagrams.iter().map(|d| d[1]).collect()
+    }
+
     /// Lets the spawned flush task run until it waits again, moving the paused clock by `us`.
     async fn settle(us: u64) {
         tokio::time::advance(Duration::from_micros(us)).await;
@@ -317,6 +373,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_dispatch_is_pushed_at_once_and_pushes_are_spaced() {
         let (a, b) = pair(true);
+        a.inner.peers.lock().entry(b.inner.node_id).or_default().up = true;
+        sizes_heard(&a, &b).await;
         let (stop, task) = flushing(&a).await;
         assert!(a.take_sent().is_empty(), "nothing to say before a dispatch");
 
@@ -385,6 +443,44 @@ mod tests {
         assert_eq!(
             (seen.in_flight, seen.decoding, seen.decoding_context_tokens),
             (8, 4, 0)
+        );
+        let _ = stop.send(true);
+        let _ = task.await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_not_heard_sending_sizes_gets_the_counts_first_until_it_is() {
+        let (a, b) = pair(true);
+        a.inner.peers.lock().entry(b.inner.node_id).or_default().up = true;
+        let (stop, task) = flushing(&a).await;
+        dispatch(&a, 6);
+        settle(0).await;
+        let sent = a.take_sent();
+        assert_eq!(
+            kinds(&sent),
+            [Kind::Delta as u8, Kind::Load as u8, Kind::LoadSized as u8],
+            "what a replica that predates sizes reads, then the sized state"
+        );
+        // A replica that reads both ends with the sized state, and a late counts-only copy
+        // does not undo it.
+        let (counts, rest): (Vec<_>, Vec<_>) =
+            sent.into_iter().partition(|d| d[1] == Kind::Load as u8);
+        deliver(&b, &a, &rest).await;
+        deliver(&b, &a, &counts).await;
+        let seen = b.inner.agg.read().instances[1].peer_load();
+        assert!(seen.sizes_known);
+        assert_eq!(
+            (seen.load.in_flight, seen.load.decoding_context_tokens),
+            (6, 3_000)
+        );
+        // Once B is heard sending sizes, it gets the sized kind only.
+        sizes_heard(&a, &b).await;
+        settle(1_000).await;
+        dispatch(&a, 7);
+        settle(0).await;
+        assert_eq!(
+            kinds(&a.take_sent()),
+            [Kind::Delta as u8, Kind::LoadSized as u8]
         );
         let _ = stop.send(true);
         let _ = task.await;

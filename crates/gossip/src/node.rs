@@ -139,6 +139,9 @@ pub(crate) struct PeerState {
     pub repairs: u64,
     /// Latest share per instance, with when it arrived (merged: a large fleet spans datagrams).
     pub shares: AHashMap<InstanceId, (LoadShare, Millis)>,
+    /// When its last `load_sized` datagram arrived: it reads sizes, and its `load` datagrams
+    /// (sent in case this replica predates sizes) say less than those.
+    pub sized_load_at: Option<Millis>,
     pub lag_ms: Option<u64>,
     pub lag_ewma_ms: Option<f64>,
     /// Outstanding snapshot request: (request id, last progress, attempts).
@@ -146,6 +149,14 @@ pub(crate) struct PeerState {
     pub last_snapshot_served: Option<Millis>,
     /// A snapshot for this peer is queued or being sent.
     pub serving_snapshot: bool,
+}
+
+impl PeerState {
+    /// Whether it sent a `load_sized` datagram within `ttl` ms of `now`.
+    pub fn sends_sizes(&self, now: Millis, ttl: Millis) -> bool {
+        self.sized_load_at
+            .is_some_and(|at| now.saturating_sub(at) <= ttl)
+    }
 }
 
 /// Sum of live peers' shares, indexed by `InstanceId::index()`.
@@ -463,9 +474,15 @@ impl Inner {
     }
 
     /// Stores `from`'s latest load shares and refreshes the aggregate.
-    pub fn set_shares(&self, from: u64, shares: Vec<LoadShare>) {
+    pub fn set_shares(&self, from: u64, shares: Vec<LoadShare>, sized: bool) {
         let now = self.now();
         if let Some(p) = self.peers.lock().get_mut(&from) {
+            if sized {
+                p.sized_load_at = Some(now);
+            } else if p.sends_sizes(now, self.cfg.peer_ttl_ms) {
+                // Its `load_sized` datagrams carry the same shares with their sizes.
+                return;
+            }
             for s in shares {
                 if let Some(id) = self.directory.id_of_key(s.instance_key) {
                     p.shares.insert(id, (s, now));
@@ -698,11 +715,11 @@ mod tests {
                 p.sizes_known,
             )
         };
-        r.inner.set_shares(100, vec![share(2, true)]);
-        r.inner.set_shares(200, vec![share(1, true)]);
+        r.inner.set_shares(100, vec![share(2, true)], true);
+        r.inner.set_shares(200, vec![share(1, true)], true);
         assert_eq!(seen(&r), (3, 30_000, 600, true));
         // A peer that predates sizes: its 3 requests are taken at the others' mean.
-        r.inner.set_shares(300, vec![share(3, false)]);
+        r.inner.set_shares(300, vec![share(3, false)], false);
         assert_eq!(seen(&r), (6, 60_000, 1_200, true));
         // Only peers without sizes: none are guessed here, and the router is told so (it
         // scales its own).
@@ -711,6 +728,49 @@ mod tests {
         }
         r.inner.recompute_aggregate();
         assert_eq!(seen(&r), (3, 0, 0, false));
+    }
+
+    #[test]
+    fn a_peer_that_sends_sizes_is_read_from_its_sized_datagrams_only() {
+        let cfg = GossipConfig {
+            peer_ttl_ms: 500,
+            ..crate::testkit::config(1)
+        };
+        let r = crate::testkit::Replica::new(1, 7004, cfg);
+        let key = r.inner.directory.key_of(InstanceId(1)).unwrap();
+        r.inner.peers.lock().entry(100).or_default().up = true;
+        let share = |in_flight: u32, sized: bool| LoadShare {
+            instance_key: key,
+            in_flight,
+            decoding: 1,
+            sizes: sized.then_some(payload::DecodeSizes {
+                context_tokens: 5_000,
+                output_tokens: 100,
+            }),
+            ..LoadShare::default()
+        };
+        let seen = |r: &crate::testkit::Replica| {
+            let p = r.inner.agg.read().instances[1].peer_load();
+            (
+                p.load.in_flight,
+                p.load.decoding_context_tokens,
+                p.sizes_known,
+            )
+        };
+        // Until it sends sizes, its counts-only datagrams are what there is.
+        r.inner.set_shares(100, vec![share(2, false)], false);
+        assert_eq!(seen(&r), (2, 0, false));
+        r.inner.set_shares(100, vec![share(3, true)], true);
+        assert_eq!(seen(&r), (3, 5_000, true));
+        // The counts-only copy it also sends (to replicas that may predate sizes) changes
+        // nothing, even arriving after the sized one.
+        r.inner.set_shares(100, vec![share(4, false)], false);
+        assert_eq!(seen(&r), (3, 5_000, true));
+        // A peer silent in sizes for longer than the TTL is read from its counts again.
+        let stale = r.inner.now() - 501;
+        r.inner.peers.lock().get_mut(&100).unwrap().sized_load_at = Some(stale);
+        r.inner.set_shares(100, vec![share(4, false)], false);
+        assert_eq!(seen(&r), (4, 0, false));
     }
 
     #[test]

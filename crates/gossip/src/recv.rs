@@ -109,11 +109,11 @@ async fn dispatch(
         }
         Kind::Load => {
             let shares = payload::decode_load(p)?;
-            inner.set_shares(h.sender, shares);
+            inner.set_shares(h.sender, shares, false);
         }
         Kind::LoadSized => {
             let shares = payload::decode_load_sized(p)?;
-            inner.set_shares(h.sender, shares);
+            inner.set_shares(h.sender, shares, true);
         }
         Kind::Usage => {
             let usage = payload::decode_usage(p)?;
