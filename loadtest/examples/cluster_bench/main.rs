@@ -90,6 +90,9 @@ struct Args {
     /// `gossip.push_on_change` (`true` or `false`; the gateway's default when absent).
     #[arg(long, action = clap::ArgAction::Set, default_value_t = kvgate::config::Config::default().gossip.push_on_change)]
     push_on_change: bool,
+    /// `gossip.share_load_sizes` (`true` or `false`; the gateway's default when absent).
+    #[arg(long, action = clap::ArgAction::Set, default_value_t = kvgate::config::Config::default().gossip.share_load_sizes)]
+    share_load_sizes: bool,
     /// `routing.policy.kvgate.concurrency_weight` (the gateway's default when absent).
     #[arg(long, default_value_t = kvgate::config::Config::default().routing.policy.kvgate.concurrency_weight)]
     concurrency_weight: f64,
@@ -223,6 +226,7 @@ async fn run_config(a: &Args, name: &str) -> anyhow::Result<Outcome> {
         stride: a.stride,
         forget_dead: !a.keep_dead_placements,
         push_on_change: a.push_on_change,
+        share_load_sizes: a.share_load_sizes,
         concurrency_weight: a.concurrency_weight,
     };
     let mut replicas: Vec<Replica> = Vec::new();
@@ -423,8 +427,8 @@ fn print(a: &Args, outs: &mut [Outcome]) {
         ),
     };
     println!(
-        "\n{engines}, {:.0} req/s offered, ~{}-token prompts (token ids, max_tokens 1), {} s measured, checkpoint stride {}, forget_dead_peer_placements = {}\n",
-        a.rate, a.prompt_tokens, a.secs, a.stride, !a.keep_dead_placements
+        "\n{engines}, {:.0} req/s offered, ~{}-token prompts (token ids, max_tokens 1), {} s measured, checkpoint stride {}, forget_dead_peer_placements = {}, share_load_sizes = {}\n",
+        a.rate, a.prompt_tokens, a.secs, a.stride, !a.keep_dead_placements, a.share_load_sizes
     );
     println!("| configuration | achieved req/s | failed / shed | mean latency | process CPU | in-flight per instance (mean) | max/mean in-flight (mean of samples, p99) | time-avg max/mean | cross-replica follow-ups on the previous instance | all follow-ups on the previous instance | engine prefix-cache hit ratio (all; follow-up turns) |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");

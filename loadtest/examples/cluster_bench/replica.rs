@@ -28,6 +28,8 @@ pub struct ReplicaSpec {
     pub forget_dead: bool,
     /// `gossip.push_on_change`.
     pub push_on_change: bool,
+    /// `gossip.share_load_sizes`.
+    pub share_load_sizes: bool,
     /// `routing.policy.kvgate.concurrency_weight`.
     pub concurrency_weight: f64,
     /// Poll the engines' `/metrics` (the lightweight engines have none).
@@ -74,6 +76,7 @@ fn config(spec: &ReplicaSpec, seeds: &[SocketAddr]) -> Config {
         c.gossip.checkpoint_stride = spec.stride;
         c.gossip.forget_dead_peer_placements = spec.forget_dead;
         c.gossip.push_on_change = spec.push_on_change;
+        c.gossip.share_load_sizes = spec.share_load_sizes;
         c.routing.policy.kvgate.concurrency_weight = spec.concurrency_weight;
         c.gossip.prediction_ttl_ms = c.routing.predicted_ttl_ms;
     }
