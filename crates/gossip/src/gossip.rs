@@ -374,6 +374,7 @@ impl Gossip {
                         next_seq: p.and_then(|p| p.next_seq),
                         repairs: p.map_or(0, |p| p.repairs),
                         load_instances: p.map_or(0, |p| p.shares.len()),
+                        sends_load_sizes: p.is_some_and(|p| p.sends_sizes(now, i.cfg.peer_ttl_ms)),
                     }
                 })
                 .collect()

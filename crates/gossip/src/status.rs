@@ -64,4 +64,7 @@ pub struct MemberStatus {
     pub repairs: u64,
     /// Instances it reports load for.
     pub load_instances: usize,
+    /// It sent load with decoding sizes within `peer_ttl_ms` (a release that reads them; until
+    /// then it also gets the counts-only kind): in a rolling upgrade, false for the old replicas.
+    pub sends_load_sizes: bool,
 }

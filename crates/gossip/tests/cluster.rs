@@ -172,6 +172,16 @@ async fn decoding_sizes_travel_with_the_load_and_fill_in_for_replicas_that_send_
         "{:?}",
         counts_only.gossip.peer_load(counts_only.id(1)).load
     );
+    // B's status says which peers send sizes (in an upgrade, not the earlier releases).
+    let st = b.gossip.cluster_status();
+    let sends = |addr: std::net::SocketAddr| {
+        st.members
+            .iter()
+            .find(|m| m.addr == addr.to_string())
+            .map(|m| m.sends_load_sizes)
+    };
+    assert_eq!(sends(a.gossip.local_addr()), Some(true));
+    assert_eq!(sends(counts_only.gossip.local_addr()), Some(false));
     for n in c {
         n.gossip.shutdown().await;
     }
