@@ -233,13 +233,18 @@ impl Routing {
 
     /// Attaches running gossip (once): decisions are shared and peers' load is scored; every
     /// change of this gateway's load (dispatch, first token, release) is published to it at once
-    /// (pushed to peers with `gossip.push_on_change`, else on the next load tick).
+    /// (pushed to peers with `gossip.push_on_change`, else on the next load tick); every engine
+    /// eviction makes it forget peers' pending checkpoints of the evicted blocks.
     pub fn set_gossip(&self, gossip: kvgate_gossip::Gossip) {
         let publish = gossip.clone();
+        let evicted = gossip.eviction_hook();
         if self.gossip.set(gossip).is_ok() {
             self.router.load().set_on_change(Arc::new(move |id, load| {
                 publish.publish_load_change(id, load)
             }));
+            // Peers' pending checkpoints of what an engine evicted are forgotten, not
+            // materialized back as predictions.
+            self.router.index().set_on_remove(evicted);
         }
     }
 

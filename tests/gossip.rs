@@ -69,6 +69,11 @@ async fn replicas_share_placements_and_load() {
     let b = Gateway::start(with_gossip(&urls, vec![ga.local_addr().to_string()])).await;
     let gb = gossip_of(&b).await;
     assert!(eventually(10, || ga.live_peers() == 1 && gb.live_peers() == 1).await);
+    // Gossip hears each replica's engine evictions (its removal hook is taken).
+    for g in [&a, &b] {
+        let noop: kvgate_core::index::RemoveHook = std::sync::Arc::new(|_, _| {});
+        assert!(!g.state.routing.index().set_on_remove(noop));
+    }
     let all_usable = |g: &Gateway| {
         let now = g.state.clock.now_ms();
         g.state

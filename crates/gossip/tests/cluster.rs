@@ -499,3 +499,49 @@ async fn malformed_and_replayed_messages_are_ignored() {
         n.gossip.shutdown().await;
     }
 }
+
+/// A peer's checkpoints wait unmaterialized until a prompt containing them arrives; an engine
+/// evicting the prefix meanwhile must not let them predict it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_checkpoints_of_evicted_blocks_are_not_materialized() {
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let cfg = |seeds: &[SocketAddr]| kvgate_gossip::GossipConfig {
+        checkpoint_stride: 16,
+        ..fast_config(seeds)
+    };
+    let a = Node::start(any, cfg(&[]), false).await;
+    let b = Node::start(any, cfg(&[a.addr]), true).await;
+    assert!(b.index.set_on_remove(b.gossip.eviction_hook()));
+    assert!(
+        wait_until(CONVERGE, || a.gossip.live_peers() == 1
+            && b.gossip.live_peers() == 1)
+        .await
+    );
+    let evicted = chain(70, 80);
+    let kept = chain(71, 80);
+    a.decide(1, &evicted);
+    a.decide(1, &kept);
+    let received = || {
+        let sent = a.gossip.cluster_status().batches_sent;
+        let addr = a.addr.to_string();
+        b.gossip
+            .cluster_status()
+            .members
+            .iter()
+            .any(|m| m.addr == addr && m.next_seq.is_some_and(|n| n >= sent) && sent > 0)
+    };
+    assert!(wait_until(CONVERGE, received).await);
+    // B's engine events: instance 1 evicted the tail of one prompt (its last two checkpoints,
+    // blocks 63 and 79, among them); another instance evicted the other prompt's blocks.
+    b.index
+        .remove(b.id(1), &evicted[48..], kvgate_core::Tier::Gpu);
+    b.index.remove(b.id(0), &kept, kvgate_core::Tier::Gpu);
+    assert_eq!(
+        b.holds(1, &evicted),
+        48,
+        "up to the deepest checkpoint still held"
+    );
+    assert_eq!(b.holds(1, &kept), 80, "another instance's eviction");
+    a.gossip.shutdown().await;
+    b.gossip.shutdown().await;
+}

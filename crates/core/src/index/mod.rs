@@ -10,6 +10,9 @@
 //!   O(index size), and readers wait behind writers only for one shard's short critical section.
 //! - Bounded: per-instance capacity (LRU eviction of predicted entries first), TTL expiry of
 //!   predictions, and a global entry cap; memory per (block, instance) entry is measured and reported.
+//! - Every engine-reported removal is told to the removal hook, if one is set, after the index
+//!   applied it ([`PlacementIndex::set_on_remove`]: gossip forgets peers' pending checkpoints of
+//!   what the engine evicted, so they are not materialized back as predictions).
 //!
 //! # Layout
 //!
@@ -151,7 +154,13 @@ pub struct PlacementIndex {
     expired: AtomicU64,
     /// Latest `now` seen by a write; lets eviction recognise expired predictions.
     now_hint: AtomicU64,
+    /// Told of every engine-reported removal, set once.
+    on_remove: std::sync::OnceLock<RemoveHook>,
 }
+
+/// Receives `(instance, hashes)` of an engine-reported removal (one copy of each of `hashes` left
+/// `instance`) after the index applied it. Runs on the event path: cheap, never blocking.
+pub type RemoveHook = std::sync::Arc<dyn Fn(InstanceId, &[BlockHash]) + Send + Sync>;
 
 /// One lock shard.
 #[derive(Default)]
@@ -187,7 +196,13 @@ impl PlacementIndex {
             evicted: AtomicU64::new(0),
             expired: AtomicU64::new(0),
             now_hint: AtomicU64::new(0),
+            on_remove: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sets the removal hook; false (and the hook dropped) when one is already set.
+    pub fn set_on_remove(&self, hook: RemoveHook) -> bool {
+        self.on_remove.set(hook).is_ok()
     }
 
     fn shard(&self, h: BlockHash) -> &RwLock<Shard> {
@@ -275,6 +290,9 @@ impl PlacementIndex {
                 }
             },
         );
+        if let Some(hook) = self.on_remove.get() {
+            hook(instance, hashes);
+        }
     }
 
     /// Takes back predictions from `source` that `instance` holds `hashes`: the request they were

@@ -260,3 +260,32 @@ fn an_instance_full_of_event_entries_still_prefers_nearby_predictions() {
     }
     assert_eq!(m(&ix, &[104_999], 0), vec![(0, 1, 0, 0)]);
 }
+
+#[test]
+fn the_removal_hook_hears_every_engine_removal_after_it_applied() {
+    let ix = std::sync::Arc::new(idx(1000, 10_000));
+    // (instance, hashes, how many of them the index still held on it when told)
+    type Heard = Vec<(u32, Vec<u64>, usize)>;
+    let heard: std::sync::Arc<parking_lot::Mutex<Heard>> = Default::default();
+    let (sink, seen_by) = (heard.clone(), std::sync::Arc::downgrade(&ix));
+    assert!(ix.set_on_remove(std::sync::Arc::new(move |i, h| {
+        // Called after the removal: the index no longer holds what it names.
+        let left = seen_by
+            .upgrade()
+            .map_or(0, |ix| m(&ix, h, 0).iter().filter(|r| r.0 == i.0).count());
+        sink.lock().push((i.0, h.to_vec(), left));
+    })));
+    assert!(
+        !ix.set_on_remove(std::sync::Arc::new(|_, _| {})),
+        "set once"
+    );
+    ix.store(InstanceId(2), &[1, 2, 3], Tier::Gpu, 0);
+    ix.predict(InstanceId(1), &[1, 2], Source::Local, 60_000, 0);
+    ix.remove(InstanceId(2), &[1, 2, 3], Tier::Gpu);
+    ix.retract(InstanceId(1), &[1, 2], Source::Local);
+    assert_eq!(
+        *heard.lock(),
+        vec![(2, vec![1, 2, 3], 0)],
+        "engine removals only, not retractions"
+    );
+}
