@@ -301,16 +301,11 @@ async fn forget_dead_replica(stride: usize) {
     b.decide(0, &from_b);
     c.decide(1, &from_c);
     // Received by A (every batch C and B sent), without materializing anything.
-    let received = |from: &Node| {
-        let sent = from.gossip.cluster_status().batches_sent;
-        let addr = from.addr.to_string();
-        a.gossip
-            .cluster_status()
-            .members
-            .iter()
-            .any(|m| m.addr == addr && m.next_seq.is_some_and(|n| n >= sent) && sent > 0)
-    };
-    assert!(wait_until(CONVERGE, || received(&b) && received(&c)).await);
+    assert!(
+        wait_until(CONVERGE, || a.has_all_batches_of(&b)
+            && a.has_all_batches_of(&c))
+        .await
+    );
     c.gossip.shutdown().await;
     // C's placements vanish from A; B's are re-fetched and stay.
     assert!(wait_until(CONVERGE, || a.gossip.live_peers() == 1).await);
@@ -521,16 +516,7 @@ async fn pending_checkpoints_of_evicted_blocks_are_not_materialized() {
     let kept = chain(71, 80);
     a.decide(1, &evicted);
     a.decide(1, &kept);
-    let received = || {
-        let sent = a.gossip.cluster_status().batches_sent;
-        let addr = a.addr.to_string();
-        b.gossip
-            .cluster_status()
-            .members
-            .iter()
-            .any(|m| m.addr == addr && m.next_seq.is_some_and(|n| n >= sent) && sent > 0)
-    };
-    assert!(wait_until(CONVERGE, received).await);
+    assert!(wait_until(CONVERGE, || b.has_all_batches_of(&a)).await);
     // B's engine events: instance 1 evicted the tail of one prompt (its last two checkpoints,
     // blocks 63 and 79, among them); another instance evicted the other prompt's blocks.
     b.index

@@ -123,6 +123,20 @@ impl Node {
         out.get(self.id(i)).total()
     }
 
+    /// Whether this node has every delta batch `from` sent so far (and `from` sent some),
+    /// without materializing anything.
+    pub fn has_all_batches_of(&self, from: &Node) -> bool {
+        let sent = from.gossip.cluster_status().batches_sent;
+        let addr = from.addr.to_string();
+        sent > 0
+            && self
+                .gossip
+                .cluster_status()
+                .members
+                .iter()
+                .any(|m| m.addr == addr && m.next_seq.is_some_and(|n| n >= sent))
+    }
+
     pub fn partition(&self, on: bool) {
         self.cut.store(on, Ordering::SeqCst);
     }
