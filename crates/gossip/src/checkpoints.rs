@@ -114,7 +114,8 @@ impl Checkpoints {
         }
     }
 
-    /// Forgets that `instance` holds the checkpoints `hashes` (a retracted decision's).
+    /// Forgets that `instance` holds the checkpoints among `hashes` (a retracted decision's, or
+    /// blocks its engine evicted); other hashes are not looked for.
     pub fn retract(&self, instance: InstanceId, hashes: &[BlockHash]) {
         for &h in hashes {
             let mut s = self.shard(h).lock();

@@ -66,6 +66,7 @@ pub struct Gossip {
     tasks: Arc<Tasks>,
 }
 
+/// [`Gossip::forget_evicted`] on the replica's state (shared with the index's removal hook).
 fn forget_evicted(inner: &Inner, instance: InstanceId, hashes: &[BlockHash]) {
     if inner.has_checkpoints.load(Ordering::Relaxed) {
         inner.checkpoints.retract(instance, hashes);
