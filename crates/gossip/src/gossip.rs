@@ -66,13 +66,6 @@ pub struct Gossip {
     tasks: Arc<Tasks>,
 }
 
-/// [`Gossip::forget_evicted`] on the replica's state (shared with the index's removal hook).
-fn forget_evicted(inner: &Inner, instance: InstanceId, hashes: &[BlockHash]) {
-    if inner.has_checkpoints.load(Ordering::Relaxed) {
-        inner.checkpoints.retract(instance, hashes);
-    }
-}
-
 impl std::fmt::Debug for Gossip {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Gossip")
@@ -236,22 +229,20 @@ impl Gossip {
             .materialize(hashes, now, self.inner.store.as_ref())
     }
 
-    /// Forgets peers' pending checkpoints that `instance` holds any of `hashes`: its engine
-    /// evicted them. A checkpoint waits unmaterialized until a prompt containing it arrives,
-    /// possibly long after the engine let the prefix go; materialized then, it would predict the
-    /// prefix back for the rest of its TTL and send the prompt where nothing is cached.
-    pub fn forget_evicted(&self, instance: InstanceId, hashes: &[BlockHash]) {
-        forget_evicted(&self.inner, instance, hashes);
-    }
-
-    /// [`Gossip::forget_evicted`] as the placement index's removal hook
-    /// ([`kvgate_core::index::PlacementIndex::set_on_remove`]). Holds this replica weakly: the
-    /// index outlives nothing through it.
+    /// The placement index's removal hook
+    /// ([`kvgate_core::index::PlacementIndex::set_on_remove`]): an engine's eviction makes this
+    /// replica forget peers' pending checkpoints of the evicted blocks. A checkpoint waits
+    /// unmaterialized until a prompt containing it arrives, possibly long after the engine let the
+    /// prefix go; materialized then, it would predict the prefix back for the rest of its TTL and
+    /// send the prompt where nothing is cached. Holds this replica weakly: the index keeps
+    /// nothing alive through it.
     pub fn eviction_hook(&self) -> kvgate_core::index::RemoveHook {
         let inner = Arc::downgrade(&self.inner);
         Arc::new(move |instance, hashes| {
             if let Some(inner) = inner.upgrade() {
-                forget_evicted(&inner, instance, hashes);
+                if inner.has_checkpoints.load(Ordering::Relaxed) {
+                    inner.checkpoints.retract(instance, hashes);
+                }
             }
         })
     }
@@ -320,11 +311,9 @@ impl Gossip {
             .read()
             .instances
             .get(instance.index())
-            .map(|e| e.peer_load())
-            .unwrap_or(PeerLoad {
-                load: RouterLoad::default(),
-                sizes_known: true,
-            })
+            .copied()
+            .unwrap_or_default()
+            .peer_load()
     }
 
     /// The names this replica's instances go by on the wire; the gateway registers instances
