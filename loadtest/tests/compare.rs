@@ -53,7 +53,30 @@ fn config(contenders: Vec<ContenderSpec>) -> CompareConfig {
         keep_records: true,
         model_time: true,
         ttft_slo_s: None,
+        warm_up_run: 0,
     }
+}
+
+/// The warm-up replays the trace's first requests through round robin on a fleet of its own,
+/// within the run's own request limit, and is skipped when set to 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_warm_up_replays_the_first_requests_unmeasured() {
+    let b = PromptBuilder::builtin(ApiKind::Chat, 64, 1).unwrap();
+    let mut cfg = config(vec![ContenderSpec::kvgate(PolicyName::RoundRobin)]);
+    assert!(compare::warm_up(&trace(), &b, &cfg).await.is_none());
+    cfg.warm_up_run = 5;
+    let w = compare::warm_up(&trace(), &b, &cfg)
+        .await
+        .expect("a warm-up");
+    assert_eq!((w.requests, w.ok, w.error.as_deref()), (5, 5, None));
+    assert!(w.wall_s > 0.0);
+    // Never more than the comparison itself replays.
+    cfg.replay.max_requests = Some(3);
+    let w = compare::warm_up(&trace(), &b, &cfg)
+        .await
+        .expect("a warm-up");
+    assert_eq!((w.requests, w.ok, w.error.as_deref()), (3, 3, None));
+    let _ = std::fs::remove_dir_all(&cfg.log_dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -99,6 +99,11 @@ pub struct CompareArgs {
     /// No live progress line.
     #[arg(long)]
     pub no_progress: bool,
+    /// Requests of the unmeasured warm-up run before the first contender (round robin over the
+    /// trace's first requests on a fleet of its own; 0: none). Without it the first contender
+    /// pays for the process's cold start.
+    #[arg(long, default_value_t = 200)]
+    pub warm_up_run: usize,
 }
 
 pub async fn run(a: CompareArgs) -> anyhow::Result<()> {
@@ -165,6 +170,7 @@ pub async fn run(a: CompareArgs) -> anyhow::Result<()> {
         keep_records: a.keep_records,
         model_time: !a.wall_time,
         ttft_slo_s: a.tenants.slo()?,
+        warm_up_run: a.warm_up_run,
     };
     let references = if a.references {
         // The same engines the comparison starts, each with its own capacity.
@@ -182,6 +188,16 @@ pub async fn run(a: CompareArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    let warm_up = compare::warm_up(&trace, &builder, &cfg).await;
+    if let Some(w) = &warm_up {
+        match &w.error {
+            None => eprintln!(
+                "warm-up: round robin over the first {} requests ({} answered), {:.1} s, not measured",
+                w.requests, w.ok, w.wall_s
+            ),
+            Some(e) => eprintln!("warm-up failed (the comparison still runs): {e}"),
+        }
+    }
     let results = compare::run(&trace, &builder, &cfg).await;
     let report = Report {
         tool: format!("kvgate-loadtest {}", env!("CARGO_PKG_VERSION")),
@@ -197,6 +213,7 @@ pub async fn run(a: CompareArgs) -> anyhow::Result<()> {
             "latencies_in": if cfg.model_time { "engine-model seconds (wall × time_scale)" } else { "wall-clock seconds" },
             "kvgate_config": cfg.kvgate_base,
             "python": cfg.python,
+            "warm_up": warm_up,
         }),
         trace: trace.stats(),
         prompt_tokens: token_error,

@@ -1,10 +1,13 @@
 //! Orchestrated comparison: the same trace against several routers, each on a fresh fleet.
 //!
-//! For every contender, in order: start a new simulated fleet (cold caches), start the router
-//! (kvgate in-process, or an external command), wait until it is ready and warmed up, snapshot
-//! the engines' counters, replay the trace while sampling the fleet, snapshot again, stop the
-//! router and the fleet. A contender that fails to start is reported with its error and the
-//! others still run. Hit ratio comes from the engines' counters only.
+//! First, unless disabled, a warm-up: round robin over the trace's first requests on a fleet of
+//! its own, not measured, so that the first contender does not pay alone for this process's cold
+//! start (threads, allocator pages, sockets). Then for every contender, in order: start a
+//! new simulated fleet (cold caches), start the router (kvgate in-process, or an external
+//! command), wait until it is ready and warmed up, snapshot the engines' counters, replay the
+//! trace while sampling the fleet, snapshot again, stop the router and the fleet. A contender
+//! that fails to start is reported with its error and the others still run. Hit ratio comes
+//! from the engines' counters only.
 
 pub mod contender;
 pub mod external;
@@ -49,6 +52,21 @@ pub struct CompareConfig {
     pub model_time: bool,
     /// Time-to-first-token objective for goodput, in the reported time unit.
     pub ttft_slo_s: Option<f64>,
+    /// Requests of the unmeasured warm-up before the first contender (0: none).
+    pub warm_up_run: usize,
+}
+
+/// What the unmeasured warm-up did.
+#[derive(Debug, Clone, Serialize)]
+pub struct WarmUp {
+    /// Requests replayed (the trace's first ones).
+    pub requests: usize,
+    /// Of those, answered in full.
+    pub ok: usize,
+    /// Wall-clock seconds it took, fleet start to stop.
+    pub wall_s: f64,
+    /// Why it failed, if it did (the comparison still runs).
+    pub error: Option<String>,
 }
 
 /// Everything measured for one contender.
@@ -112,6 +130,40 @@ impl Router {
             Router::External(e) => e.stop().await,
         }
     }
+}
+
+/// Runs the warm-up: round robin over the trace's first `warm_up_run` requests on a fresh
+/// fleet, through the same code as a contender, its figures discarded. `None` when disabled.
+pub async fn warm_up(
+    trace: &Trace,
+    builder: &PromptBuilder,
+    cfg: &CompareConfig,
+) -> Option<WarmUp> {
+    if cfg.warm_up_run == 0 || cfg.contenders.is_empty() {
+        return None;
+    }
+    let requests = cfg
+        .replay
+        .max_requests
+        .map_or(cfg.warm_up_run, |m| m.min(cfg.warm_up_run))
+        .min(trace.requests.len());
+    let spec = ContenderSpec::kvgate(kvgate_core::policy::PolicyName::RoundRobin);
+    let wcfg = CompareConfig {
+        replay: ReplayConfig {
+            max_requests: Some(requests),
+            ..cfg.replay.clone()
+        },
+        keep_records: false,
+        ..cfg.clone()
+    };
+    let started = std::time::Instant::now();
+    let r = run_one(trace, builder, &wcfg, &spec, "[warm-up, not measured] ").await;
+    Some(WarmUp {
+        requests,
+        ok: r.summary.as_ref().map_or(0, |s| s.ok),
+        wall_s: started.elapsed().as_secs_f64(),
+        error: r.error,
+    })
 }
 
 /// Runs every contender in turn.
