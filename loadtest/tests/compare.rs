@@ -54,7 +54,48 @@ fn config(contenders: Vec<ContenderSpec>) -> CompareConfig {
         model_time: true,
         ttft_slo_s: None,
         warm_up_run: 0,
+        rounds: 1,
     }
+}
+
+/// With several rounds every contender runs once per round, each round starting with the next
+/// contender, and the summary over rounds has one row per contender.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rounds_rotate_the_order_and_are_summarised_per_contender() {
+    let b = PromptBuilder::builtin(ApiKind::Chat, 64, 1).unwrap();
+    let mut cfg = config(vec![
+        ContenderSpec::kvgate(PolicyName::RoundRobin),
+        ContenderSpec::kvgate(PolicyName::ConsistentHash),
+    ]);
+    cfg.rounds = 2;
+    cfg.replay.max_requests = Some(4);
+    let results = compare::run(&trace(), &b, &cfg).await;
+    let order: Vec<(String, Option<usize>)> =
+        results.iter().map(|r| (r.name.clone(), r.round)).collect();
+    let rr = "kvgate:round_robin".to_string();
+    let ch = "kvgate:consistent_hash".to_string();
+    assert_eq!(
+        order,
+        [
+            (rr.clone(), Some(1)),
+            (ch.clone(), Some(1)),
+            (ch.clone(), Some(2)),
+            (rr.clone(), Some(2))
+        ]
+    );
+    assert_eq!(results[2].label(), format!("{ch} (round 2)"));
+    for r in &results {
+        assert_eq!(summary(r).ok, 4, "{}", r.label());
+    }
+    let rows = kvgate_loadtest::report::rounds::over_rounds(&results);
+    let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, [rr.as_str(), ch.as_str()]);
+    for row in &rows {
+        assert_eq!((row.runs, row.failed, row.errors), (2, 0, 0), "{row:?}");
+        let t = row.ttft_mean.expect("TTFT");
+        assert!(t.min > 0.0 && t.min <= t.mean && t.mean <= t.max, "{row:?}");
+    }
+    let _ = std::fs::remove_dir_all(&cfg.log_dir);
 }
 
 /// The warm-up replays the trace's first requests through round robin on a fleet of its own,
@@ -93,6 +134,7 @@ async fn each_contender_runs_on_a_fresh_fleet() {
     let b = PromptBuilder::builtin(ApiKind::Chat, 64, 1).unwrap();
     let results = compare::run(&trace(), &b, &cfg).await;
     assert_eq!(results.len(), 3);
+    assert!(results.iter().all(|r| r.round.is_none()), "one round");
     let failed = &results[1];
     assert!(
         failed.error.as_deref().unwrap_or("").contains("exited"),

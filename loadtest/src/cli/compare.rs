@@ -8,7 +8,7 @@ use clap::Args;
 use kvgate_loadtest::compare::contender::default_python;
 use kvgate_loadtest::compare::{self, CompareConfig, ContenderSpec};
 use kvgate_loadtest::replay::{Arrivals, ReplayConfig};
-use kvgate_loadtest::report::{table, Report};
+use kvgate_loadtest::report::{rounds, table, Report};
 use kvgate_loadtest::sizing::{self, FleetShape};
 use kvgate_sim::{EngineOverrides, FleetConfig, FleetMix};
 
@@ -104,6 +104,10 @@ pub struct CompareArgs {
     /// pays for the process's cold start.
     #[arg(long, default_value_t = 200)]
     pub warm_up_run: usize,
+    /// Run every contender this many times, the order rotated each round (round r starts with
+    /// the r-th contender); the summary gives each figure's mean and its lowest and highest run.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: u32,
 }
 
 pub async fn run(a: CompareArgs) -> anyhow::Result<()> {
@@ -171,6 +175,7 @@ pub async fn run(a: CompareArgs) -> anyhow::Result<()> {
         model_time: !a.wall_time,
         ttft_slo_s: a.tenants.slo()?,
         warm_up_run: a.warm_up_run,
+        rounds: a.rounds as usize,
     };
     let references = if a.references {
         // The same engines the comparison starts, each with its own capacity.
@@ -214,12 +219,21 @@ pub async fn run(a: CompareArgs) -> anyhow::Result<()> {
             "kvgate_config": cfg.kvgate_base,
             "python": cfg.python,
             "warm_up": warm_up,
+            "rounds": cfg.rounds,
         }),
         trace: trace.stats(),
         prompt_tokens: token_error,
         references,
+        over_rounds: if cfg.rounds > 1 {
+            rounds::over_rounds(&results)
+        } else {
+            Vec::new()
+        },
         contenders: results,
     };
     print!("{}", table::render(&report.contenders));
+    if !report.over_rounds.is_empty() {
+        print!("{}", rounds::render(&report.over_rounds));
+    }
     a.output.write(&report)
 }

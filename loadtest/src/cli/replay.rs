@@ -151,6 +151,7 @@ pub async fn run(a: ReplayArgs) -> anyhow::Result<()> {
         prompt_tokens: token_error,
         references: None,
         contenders: vec![result],
+        over_rounds: Vec::new(),
     };
     print!("{}", table::render(&report.contenders));
     a.output.write(&report)

@@ -54,6 +54,9 @@ pub struct CompareConfig {
     pub ttft_slo_s: Option<f64>,
     /// Requests of the unmeasured warm-up before the first contender (0: none).
     pub warm_up_run: usize,
+    /// Times every contender runs; round `r` (from 0) starts with contender `r mod k`, so that
+    /// no contender always runs first. At least 1.
+    pub rounds: usize,
 }
 
 /// What the unmeasured warm-up did.
@@ -74,6 +77,9 @@ pub struct WarmUp {
 pub struct ContenderResult {
     /// Display name.
     pub name: String,
+    /// Round of the comparison this run belongs to, from 1, when there were several.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub round: Option<usize>,
     /// What was run.
     pub spec: ContenderSpec,
     /// Router version.
@@ -99,10 +105,19 @@ pub struct ContenderResult {
 }
 
 impl ContenderResult {
+    /// The name shown in tables and charts: with several rounds, the round too.
+    pub fn label(&self) -> String {
+        match self.round {
+            Some(r) => format!("{} (round {r})", self.name),
+            None => self.name.clone(),
+        }
+    }
+
     /// A result for a contender that could not run.
     pub fn failed(spec: &ContenderSpec, error: String) -> Self {
         ContenderResult {
             name: spec.name().to_string(),
+            round: None,
             spec: spec.clone(),
             version: None,
             command: None,
@@ -166,16 +181,31 @@ pub async fn warm_up(
     })
 }
 
-/// Runs every contender in turn.
+/// Runs every contender in turn, `rounds` times.
 pub async fn run(
     trace: &Trace,
     builder: &PromptBuilder,
     cfg: &CompareConfig,
 ) -> Vec<ContenderResult> {
-    let mut out = Vec::with_capacity(cfg.contenders.len());
-    for (i, spec) in cfg.contenders.iter().enumerate() {
-        let label = format!("[{}/{}] {} ", i + 1, cfg.contenders.len(), spec.name());
-        out.push(run_one(trace, builder, cfg, spec, &label).await);
+    let (k, rounds) = (cfg.contenders.len(), cfg.rounds.max(1));
+    let mut out = Vec::with_capacity(k * rounds);
+    for round in 0..rounds {
+        for j in 0..k {
+            let spec = &cfg.contenders[(round + j) % k];
+            let label = if rounds > 1 {
+                format!(
+                    "[round {}/{rounds}, {}/{k}] {} ",
+                    round + 1,
+                    j + 1,
+                    spec.name()
+                )
+            } else {
+                format!("[{}/{k}] {} ", j + 1, spec.name())
+            };
+            let mut r = run_one(trace, builder, cfg, spec, &label).await;
+            r.round = (rounds > 1).then_some(round + 1);
+            out.push(r);
+        }
     }
     out
 }
@@ -413,6 +443,7 @@ async fn run_on_fleet(
     ttft_sorted.sort_by(f64::total_cmp);
     Ok(ContenderResult {
         name: spec.name().to_string(),
+        round: None,
         spec: spec.clone(),
         version,
         command,

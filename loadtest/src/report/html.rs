@@ -5,6 +5,7 @@ use std::fmt::Write;
 use super::svg::{esc, line_chart, share_bars, Series};
 use super::Report;
 use crate::compare::ContenderResult;
+use crate::report::rounds::{RoundsRow, Spread};
 use crate::report::summary::RunSummary;
 
 const STYLE: &str = "body{font-family:sans-serif;margin:24px;max-width:1100px;color:#222}\
@@ -48,7 +49,7 @@ fn comparison_table(out: &mut String, cs: &[ContenderResult]) {
         let _ = write!(
             out,
             "<tr><td>{}</td><td>{}</td>",
-            esc(&c.name),
+            esc(&c.label()),
             esc(c.version.as_deref().unwrap_or("-"))
         );
         match ok(c) {
@@ -80,6 +81,45 @@ fn comparison_table(out: &mut String, cs: &[ContenderResult]) {
     out.push_str("</table><p><small>Ratios are against the best contender in each column (lower is better for latency).</small></p>");
 }
 
+/// Each contender's figures over the rounds: mean, lowest and highest run.
+fn rounds_table(out: &mut String, rows: &[RoundsRow]) {
+    out.push_str(
+        "<table><tr><th>contender</th><th>runs</th><th>TTFT mean</th><th>TTFT p99</th>\
+         <th>E2E mean</th><th>E2E p99</th><th>hit ratio</th><th>busiest / mean</th><th>errors</th></tr>",
+    );
+    let cell = |s: Option<Spread>, scale: f64| {
+        s.map_or("<td>-</td>".to_string(), |s| {
+            format!(
+                "<td>{:.3} <small>({:.3}–{:.3})</small></td>",
+                s.mean * scale,
+                s.min * scale,
+                s.max * scale
+            )
+        })
+    };
+    for r in rows {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}{}</td>{}{}{}{}{}{}<td>{}</td></tr>",
+            esc(&r.name),
+            r.runs,
+            if r.failed > 0 {
+                format!(" <span class=\"err\">+{} failed</span>", r.failed)
+            } else {
+                String::new()
+            },
+            cell(r.ttft_mean, 1.0),
+            cell(r.ttft_p99, 1.0),
+            cell(r.e2e_mean, 1.0),
+            cell(r.e2e_p99, 1.0),
+            cell(r.hit_ratio, 100.0),
+            cell(r.busiest, 1.0),
+            r.errors
+        );
+    }
+    out.push_str("</table><p><small>Mean over each contender's runs, with its lowest and highest run; hit ratio in %.</small></p>");
+}
+
 /// Renders the whole report.
 pub fn render(r: &Report) -> String {
     let mut out = String::with_capacity(64 << 10);
@@ -98,15 +138,21 @@ pub fn render(r: &Report) -> String {
     );
     out.push_str("<h2>Comparison</h2>");
     comparison_table(&mut out, &r.contenders);
+    if !r.over_rounds.is_empty() {
+        out.push_str("<h2>Over the rounds</h2>");
+        rounds_table(&mut out, &r.over_rounds);
+    }
+    let labels: Vec<String> = r.contenders.iter().map(ContenderResult::label).collect();
 
     let cdf: Vec<Series> = r
         .contenders
         .iter()
-        .filter(|c| !c.ttft_sorted.is_empty())
-        .map(|c| {
+        .zip(&labels)
+        .filter(|(c, _)| !c.ttft_sorted.is_empty())
+        .map(|(c, label)| {
             let n = c.ttft_sorted.len() as f64;
             Series {
-                name: &c.name,
+                name: label,
                 points: c
                     .ttft_sorted
                     .iter()
@@ -127,8 +173,9 @@ pub fn render(r: &Report) -> String {
     let hit: Vec<Series> = r
         .contenders
         .iter()
-        .map(|c| Series {
-            name: &c.name,
+        .zip(&labels)
+        .map(|(c, label)| Series {
+            name: label,
             points: c
                 .series
                 .iter()
@@ -139,8 +186,9 @@ pub fn render(r: &Report) -> String {
     let spread: Vec<Series> = r
         .contenders
         .iter()
-        .map(|c| Series {
-            name: &c.name,
+        .zip(&labels)
+        .map(|(c, label)| Series {
+            name: label,
             points: c
                 .series
                 .iter()
@@ -171,7 +219,7 @@ pub fn render(r: &Report) -> String {
                 .iter()
                 .map(|(k, v)| (k.clone(), *v))
                 .collect();
-            out.push_str(&share_bars(&c.name, &bars));
+            out.push_str(&share_bars(&c.label(), &bars));
         }
     }
     out.push_str("</div>");
@@ -201,7 +249,7 @@ pub fn render(r: &Report) -> String {
     out.push_str("<th>unfinished</th><th>output mismatch</th></tr>");
     for c in &r.contenders {
         if let Some(s) = ok(c) {
-            let _ = write!(out, "<tr><td>{}</td>", esc(&c.name));
+            let _ = write!(out, "<tr><td>{}</td>", esc(&c.label()));
             for k in &classes {
                 let _ = write!(out, "<td>{}</td>", s.errors.get(k).copied().unwrap_or(0));
             }
@@ -277,6 +325,7 @@ mod tests {
             trace: trace.stats(),
             prompt_tokens: TokenCountError::default(),
             references: Some(serde_json::json!({"fleet_lru_hit_ratio": 0.3})),
+            over_rounds: crate::report::rounds::over_rounds(&[ok.clone(), bad.clone()]),
             contenders: vec![ok, bad],
         };
         let html = render(&r);
@@ -290,6 +339,7 @@ mod tests {
             "kvgate-loadtest compare",
             "fleet_lru_hit_ratio",
             "e&lt;0&gt;",
+            "Over the rounds",
         ] {
             assert!(html.contains(needle), "missing {needle}");
         }

@@ -6,6 +6,7 @@
 pub mod follow_ups;
 pub mod html;
 pub mod mirror;
+pub mod rounds;
 pub mod summary;
 pub mod svg;
 pub mod table;
@@ -37,8 +38,11 @@ pub struct Report {
     pub prompt_tokens: TokenCountError,
     /// Reference bounds computed from the trace and the fleet (sizing), if computed.
     pub references: Option<serde_json::Value>,
-    /// One entry per contender.
+    /// One entry per contender and round, in the order run.
     pub contenders: Vec<ContenderResult>,
+    /// Per contender over the rounds, when there were several (`compare --rounds`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub over_rounds: Vec<rounds::RoundsRow>,
 }
 
 /// Why a report could not be written.

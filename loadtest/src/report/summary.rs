@@ -13,7 +13,7 @@ use crate::replay::{ErrorClass, Outcome, ReplayOutput};
 use crate::stats::{ratio, shares, Summary};
 
 /// Where per-instance shares came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ShareSource {
     /// The router's `x-kvgate-instance` response header.
@@ -21,11 +21,12 @@ pub enum ShareSource {
     /// The engines' request counters.
     EngineMetrics,
     /// Neither was available.
+    #[default]
     None,
 }
 
 /// Summary of one replay.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct RunSummary {
     /// Requests sent.
     pub sent: usize,

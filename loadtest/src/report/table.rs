@@ -20,7 +20,7 @@ pub fn render(contenders: &[ContenderResult]) -> String {
     let mut out = String::new();
     let name_w = contenders
         .iter()
-        .map(|c| c.name.len())
+        .map(|c| c.label().chars().count())
         .max()
         .unwrap_or(4)
         .max(10);
@@ -34,7 +34,7 @@ pub fn render(contenders: &[ContenderResult]) -> String {
             let _ = writeln!(
                 out,
                 "{:<name_w$} FAILED: {}",
-                c.name,
+                c.label(),
                 c.error.as_deref().unwrap_or("unknown error")
             );
             continue;
@@ -50,7 +50,7 @@ pub fn render(contenders: &[ContenderResult]) -> String {
         let _ = writeln!(
             out,
             "{:<name_w$} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7.2} {:>6} {:>6} {:>6}  {share}",
-            c.name,
+            c.label(),
             secs(s.ttft.mean),
             secs(s.ttft.p50),
             secs(s.ttft.p90),
@@ -136,7 +136,7 @@ pub fn render(contenders: &[ContenderResult]) -> String {
             ));
         }
         if !parts.is_empty() {
-            let _ = writeln!(out, "{}: {}", c.name, parts.join("; "));
+            let _ = writeln!(out, "{}: {}", c.label(), parts.join("; "));
         }
     }
     out
