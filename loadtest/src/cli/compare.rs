@@ -100,8 +100,8 @@ pub struct CompareArgs {
     #[arg(long)]
     pub no_progress: bool,
     /// Requests of the unmeasured warm-up run before the first contender (round robin over the
-    /// trace's first requests on a fleet of its own; 0: none). Without it the first contender
-    /// pays for the process's cold start.
+    /// trace's first requests on a fleet of its own; 0: none), so that the first contender does
+    /// not pay alone for the process's cold start.
     #[arg(long, default_value_t = 200)]
     pub warm_up_run: usize,
     /// Run every contender this many times, the order rotated each round (round r starts with
