@@ -18,7 +18,7 @@ use serde::Serialize;
 use kvgate_sim::model::{preset, EngineParams, ModelGeometry};
 use kvgate_sim::{EngineOverrides, FleetConfig};
 
-use crate::offline::{infinite_cache_hit, lru_cache_hit, ttft_floor_fastest, Workload};
+use crate::offline::{floors_fastest, infinite_cache_hit, lru_cache_hit, Workload};
 use crate::trace::Trace;
 
 /// Fraction of the infinite-cache bound the suggested fleet should reach with one ideal LRU.
@@ -253,6 +253,10 @@ pub struct SizingReport {
     /// No-queue TTFT floor at this speed-up (each request alone on an idle engine of its fastest
     /// class with the best possible hit), when computed.
     pub ttft_floor_s: Option<crate::offline::summary::Dist>,
+    /// No-queue end-to-end floor at this speed-up (each request alone on an idle engine of its
+    /// fastest class with the best possible hit, its whole output decoded in a batch of one),
+    /// when computed.
+    pub e2e_floor_s: Option<crate::offline::summary::Dist>,
     /// Does one engine hold the working set? (Then caching hardly matters for routing.)
     pub one_engine_holds_working_set: bool,
     /// Suggested capacity for this engine count.
@@ -300,9 +304,9 @@ pub fn size(
         }
     }
     let gpu_blocks = hi.min(u64::from(u32::MAX)) as u32;
-    let floor = if with_floor {
+    let floors = if with_floor {
         let params: Vec<EngineParams> = fleet.classes.iter().map(|c| c.params.clone()).collect();
-        Some(ttft_floor_fastest(&wl, &params).map_err(|e| SizingError::Offline(e.to_string()))?)
+        Some(floors_fastest(&wl, &params).map_err(|e| SizingError::Offline(e.to_string()))?)
     } else {
         None
     };
@@ -327,7 +331,8 @@ pub fn size(
         infinite_hit_ratio: infinite,
         single_engine_lru_hit_ratio: lru(largest_blocks),
         fleet_lru_hit_ratio: lru(fleet_blocks),
-        ttft_floor_s: floor,
+        ttft_floor_s: floors.as_ref().map(|f| f.ttft_s),
+        e2e_floor_s: floors.map(|f| f.e2e_s),
         suggestion: Suggestion {
             gpu_blocks,
             gpu_tokens: u64::from(gpu_blocks) * u64::from(bs),

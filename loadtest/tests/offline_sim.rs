@@ -99,6 +99,17 @@ fn figures_respect_the_references() {
             "{}",
             r.policy
         );
+        for (got, floor) in [
+            (r.e2e_s.p50, refs.e2e_floor_s.p50),
+            (r.e2e_s.mean, refs.e2e_floor_s.mean),
+            (r.e2e_s.p99, refs.e2e_floor_s.p99),
+        ] {
+            assert!(
+                got >= floor * 0.999,
+                "{}: E2E {got} under the floor {floor}",
+                r.policy
+            );
+        }
         let share: f64 = r.instance_share.iter().sum();
         assert!((share - 1.0).abs() < 1e-9);
         assert!(
@@ -225,6 +236,11 @@ fn cli_writes_a_json_report() {
     assert_eq!(parsed.results[0].policy, "kvgate");
     assert_eq!(parsed.results[1].hit_ratio, report.results[1].hit_ratio);
     assert!(parsed.references.ttft_floor_s.count > 0);
+    assert_eq!(
+        parsed.references.e2e_floor_s.count,
+        parsed.references.ttft_floor_s.count
+    );
+    assert!(parsed.references.e2e_floor_s.mean > parsed.references.ttft_floor_s.mean);
     // One record per request and policy, in the live replay's format, agreeing with the summary.
     let text = std::fs::read_to_string(&records).expect("read records");
     let lines: Vec<serde_json::Value> = text

@@ -87,7 +87,7 @@ pub struct CompareArgs {
     /// Seconds to wait for a router to become ready.
     #[arg(long, default_value_t = 60.0)]
     pub ready_timeout_s: f64,
-    /// Also compute the references (fleet-sized LRU, infinite cache, no-queue TTFT floor).
+    /// Also compute the references (fleet-sized LRU, infinite cache, no-queue TTFT and E2E floors).
     #[arg(long)]
     pub references: bool,
     /// Keep every request's record in results.json.
@@ -183,11 +183,13 @@ pub async fn run(a: CompareArgs) -> anyhow::Result<()> {
         let sped = trace.speed_up(a.speed_up)?;
         let r = sizing::size(&sped, &shape, true)?;
         eprintln!(
-            "references: infinite cache {:.1} %, fleet-sized LRU {:.1} %, TTFT floor mean {:.3} s p99 {:.3} s",
+            "references: infinite cache {:.1} %, fleet-sized LRU {:.1} %, TTFT floor mean {:.3} s p99 {:.3} s, E2E floor mean {:.3} s p99 {:.3} s",
             r.infinite_hit_ratio * 100.0,
             r.fleet_lru_hit_ratio * 100.0,
             r.ttft_floor_s.as_ref().map_or(0.0, |d| d.mean),
             r.ttft_floor_s.as_ref().map_or(0.0, |d| d.p99),
+            r.e2e_floor_s.as_ref().map_or(0.0, |d| d.mean),
+            r.e2e_floor_s.as_ref().map_or(0.0, |d| d.p99),
         );
         Some(serde_json::to_value(&r)?)
     } else {

@@ -92,7 +92,7 @@ pub struct SizeArgs {
     /// CPU-offload blocks per engine.
     #[arg(long)]
     pub cpu_blocks: Option<u32>,
-    /// Also compute the no-queue TTFT floor (engine model; slower).
+    /// Also compute the no-queue TTFT and E2E floors (engine model; slower).
     #[arg(long)]
     pub floor: bool,
 }
@@ -149,6 +149,12 @@ pub fn size(a: SizeArgs) -> anyhow::Result<()> {
             ""
         }
     );
+    if let (Some(t), Some(e)) = (&r.ttft_floor_s, &r.e2e_floor_s) {
+        eprintln!(
+            "no-queue floors (each request alone on an idle engine with the infinite cache's hit): TTFT mean {:.3} s p99 {:.3} s, E2E mean {:.3} s p99 {:.3} s",
+            t.mean, t.p99, e.mean, e.p99
+        );
+    }
     Ok(())
 }
 

@@ -114,7 +114,7 @@ pub struct OfflineArgs {
     /// `--seed` (as concurrent sends reach a live gateway) instead of the trace's order.
     #[arg(long)]
     pub shuffle_simultaneous: bool,
-    /// Skip the no-queue TTFT floor (the slowest reference).
+    /// Skip the no-queue TTFT and E2E floors (the slowest references).
     #[arg(long)]
     pub no_floor: bool,
     /// Also print one row per engine and policy: request and prompt-token share, mean prompt,
@@ -574,14 +574,16 @@ pub fn summary_table(report: &OfflineReport) -> String {
     let f = &report.references;
     let _ = writeln!(
         s,
-        "references: infinite-cache hit {:.3}, fleet-LRU hit {:.3} ({} blocks), no-queue TTFT floor mean {:.3} p50 {:.3} p90 {:.3} p99 {:.3}",
+        "references: infinite-cache hit {:.3}, fleet-LRU hit {:.3} ({} blocks), no-queue TTFT floor mean {:.3} p50 {:.3} p90 {:.3} p99 {:.3}, E2E floor mean {:.3} p99 {:.3}",
         f.infinite_hit_ratio,
         f.fleet_lru_hit_ratio,
         f.fleet_lru_capacity_blocks,
         f.ttft_floor_s.mean,
         f.ttft_floor_s.p50,
         f.ttft_floor_s.p90,
-        f.ttft_floor_s.p99
+        f.ttft_floor_s.p99,
+        f.e2e_floor_s.mean,
+        f.e2e_floor_s.p99
     );
     let _ = writeln!(
         s,

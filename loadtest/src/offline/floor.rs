@@ -1,15 +1,19 @@
-//! The no-queue TTFT floor: each request alone on an idle engine with the best hit any cache could
-//! give it (the infinite cache's leading run), timed by the engine model itself.
+//! The no-queue floors: each request alone on an idle engine with the best hit any cache could
+//! give it (the infinite cache's leading run), timed by the engine model itself, to its first
+//! token (the TTFT floor) and to its last (the end-to-end floor: its whole output decoded in a
+//! batch of one).
 //!
-//! No router can beat it at any percentile: queueing only adds time and no placement can hit more
-//! than the infinite cache. In a fleet of several engine classes a request's floor is its floor
-//! on the class that serves it fastest ([`ttft_floor_fastest`]).
+//! No router can beat either at any percentile: queueing only adds time, every other sequence in
+//! a batch only lengthens its steps, and no placement can hit more than the infinite cache. In a
+//! fleet of several engine classes a request's floor is its floor on the class that serves it
+//! fastest ([`floors_fastest`]), each floor taken on its own fastest class.
 //!
 //! Invariants: one engine is reused for every request, always idle when a request is submitted;
 //! before each request a warm-up request holding exactly the request's infinite-cache run is
 //! computed, so the engine's lookup finds that run (never more: everything the engine holds was
-//! seen earlier, so it is inside the infinite cache); the engine is given enough GPU blocks that a
-//! warm-up is never evicted by the request it warms.
+//! seen earlier, so it is inside the infinite cache; generated tokens are never cached, as the
+//! requests carry no token ids); the engine is given enough GPU blocks that a warm-up is never
+//! evicted by the request it warms, nor a request by its own output.
 
 use kvgate_sim::model::{EngineModel, EngineParams, SimRequest};
 
@@ -21,12 +25,21 @@ use super::OfflineError;
 /// Id of warm-up requests (never a workload index).
 const WARM_ID: u64 = u64::MAX;
 
-/// Per-request TTFT floor in seconds, in workload order (`None` for requests the engine refuses,
-/// e.g. longer than its model length).
-pub fn ttft_floor_per_request(
+/// One request's floors, seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RequestFloor {
+    /// From submission to its first token.
+    pub ttft_s: f64,
+    /// From submission to its last token.
+    pub e2e_s: f64,
+}
+
+/// Per-request floors in workload order (`None` for requests the engine refuses, e.g. longer
+/// than its model length).
+pub fn floor_per_request(
     workload: &Workload,
     params: &EngineParams,
-) -> Result<Vec<Option<f64>>, OfflineError> {
+) -> Result<Vec<Option<RequestFloor>>, OfflineError> {
     params
         .validate()
         .map_err(|e| OfflineError::Engine(e.to_string()))?;
@@ -36,12 +49,13 @@ pub fn ttft_floor_per_request(
             workload.block_tokens, params.block_size
         )));
     }
+    let bs = u64::from(workload.block_tokens.max(1));
     let longest = workload
         .requests
         .iter()
-        .map(|r| r.blocks.len() + 2)
+        .map(|r| r.blocks.len() as u64 + u64::from(r.output_tokens).div_ceil(bs) + 2)
         .max()
-        .unwrap_or(0) as u64;
+        .unwrap_or(0);
     let mut p = params.clone();
     p.num_gpu_blocks =
         (u64::from(p.num_gpu_blocks).max(2 * longest + 16)).min(u64::from(u32::MAX)) as u32;
@@ -60,31 +74,86 @@ pub fn ttft_floor_per_request(
                 output_tokens: 1,
             };
             engine.submit(warm, now);
-            now = drain(&mut engine, now, None).0;
+            now = drain(&mut engine, now, None).end;
         }
         let req = SimRequest {
             id: i as u64,
             blocks: r.blocks.clone(),
             block_tokens: Vec::new(),
             prompt_tokens: r.prompt_tokens,
-            output_tokens: 1,
+            output_tokens: r.output_tokens,
         };
         let submitted = now;
         engine.submit(req, now);
-        let (end, first) = drain(&mut engine, now, Some(i as u64));
-        now = end;
-        out.push(first.map(|t| t.saturating_sub(submitted) as f64 / 1e6));
+        let d = drain(&mut engine, now, Some(i as u64));
+        now = d.end;
+        let secs = |t: u64| t.saturating_sub(submitted) as f64 / 1e6;
+        out.push(match (d.first, d.last) {
+            (Some(first), Some(last)) => Some(RequestFloor {
+                ttft_s: secs(first),
+                e2e_s: secs(last),
+            }),
+            _ => None,
+        });
     }
     Ok(out)
 }
 
+/// Per-request TTFT floor in seconds, in workload order (`None` for requests the engine refuses).
+pub fn ttft_floor_per_request(
+    workload: &Workload,
+    params: &EngineParams,
+) -> Result<Vec<Option<f64>>, OfflineError> {
+    Ok(floor_per_request(workload, params)?
+        .into_iter()
+        .map(|f| f.map(|f| f.ttft_s))
+        .collect())
+}
+
 /// Distribution of the TTFT floor over the workload, seconds.
 pub fn ttft_floor(workload: &Workload, params: &EngineParams) -> Result<Dist, OfflineError> {
-    let mut v: Vec<f64> = ttft_floor_per_request(workload, params)?
-        .into_iter()
-        .flatten()
-        .collect();
-    Ok(Dist::of(&mut v))
+    Ok(floors_fastest(workload, std::slice::from_ref(params))?.ttft_s)
+}
+
+/// The floors' distributions over a workload, seconds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Floors {
+    /// Time to first token.
+    pub ttft_s: Dist,
+    /// End-to-end latency.
+    pub e2e_s: Dist,
+}
+
+/// The floors' distributions over the workload when each request may run on any of the engine
+/// classes `classes`: per request and per floor, the fastest class's, seconds.
+pub fn floors_fastest(
+    workload: &Workload,
+    classes: &[EngineParams],
+) -> Result<Floors, OfflineError> {
+    if classes.is_empty() {
+        return Err(OfflineError::Param(
+            "the floor needs at least one engine class".into(),
+        ));
+    }
+    let mut best: Vec<Option<RequestFloor>> = vec![None; workload.requests.len()];
+    for p in classes {
+        for (b, f) in best.iter_mut().zip(floor_per_request(workload, p)?) {
+            *b = match (*b, f) {
+                (Some(x), Some(y)) => Some(RequestFloor {
+                    ttft_s: x.ttft_s.min(y.ttft_s),
+                    e2e_s: x.e2e_s.min(y.e2e_s),
+                }),
+                (x, y) => x.or(y),
+            };
+        }
+    }
+    let floors: Vec<RequestFloor> = best.into_iter().flatten().collect();
+    let mut ttft: Vec<f64> = floors.iter().map(|f| f.ttft_s).collect();
+    let mut e2e: Vec<f64> = floors.iter().map(|f| f.e2e_s).collect();
+    Ok(Floors {
+        ttft_s: Dist::of(&mut ttft),
+        e2e_s: Dist::of(&mut e2e),
+    })
 }
 
 /// Distribution of the TTFT floor over the workload when each request may run on any of the
@@ -93,27 +162,22 @@ pub fn ttft_floor_fastest(
     workload: &Workload,
     classes: &[EngineParams],
 ) -> Result<Dist, OfflineError> {
-    let mut best: Vec<Option<f64>> = vec![None; workload.requests.len()];
-    if classes.is_empty() {
-        return Err(OfflineError::Param(
-            "the floor needs at least one engine class".into(),
-        ));
-    }
-    for p in classes {
-        for (b, f) in best.iter_mut().zip(ttft_floor_per_request(workload, p)?) {
-            *b = match (*b, f) {
-                (Some(x), Some(y)) => Some(x.min(y)),
-                (x, y) => x.or(y),
-            };
-        }
-    }
-    let mut v: Vec<f64> = best.into_iter().flatten().collect();
-    Ok(Dist::of(&mut v))
+    Ok(floors_fastest(workload, classes)?.ttft_s)
 }
 
-/// Steps the engine until idle; returns the end time and when `watch` got its first token.
-fn drain(engine: &mut EngineModel, mut now: u64, watch: Option<u64>) -> (u64, Option<u64>) {
-    let mut first = None;
+/// What [`drain`] saw.
+struct Drained {
+    /// When the engine went idle.
+    end: u64,
+    /// When the watched request got its first token.
+    first: Option<u64>,
+    /// When it got its last.
+    last: Option<u64>,
+}
+
+/// Steps the engine until idle, watching when `watch` gets its first and last tokens.
+fn drain(engine: &mut EngineModel, mut now: u64, watch: Option<u64>) -> Drained {
+    let (mut first, mut last) = (None, None);
     // Bounded: an idle engine returns None; each step makes progress on a single request.
     while let Some(out) = engine.step(now) {
         now = out.end_us.max(now + 1);
@@ -121,12 +185,19 @@ fn drain(engine: &mut EngineModel, mut now: u64, watch: Option<u64>) -> (u64, Op
             if first.is_none() && out.first_tokens.iter().any(|&(id, _)| id == w) {
                 first = Some(now);
             }
+            if last.is_none() && out.finished.contains(&w) {
+                last = Some(now);
+            }
         }
         if engine.is_idle() {
             break;
         }
     }
-    (now, first)
+    Drained {
+        end: now,
+        first,
+        last,
+    }
 }
 
 #[cfg(test)]
@@ -169,6 +240,31 @@ mod tests {
     }
 
     #[test]
+    fn the_end_to_end_floor_is_the_whole_output_decoded_alone() {
+        let mut short = req(&(1..=64).collect::<Vec<_>>(), 1024);
+        short.output_tokens = 1;
+        let mut long = req(&(1..=64).collect::<Vec<_>>(), 1024);
+        long.output_tokens = 101;
+        let w = Workload {
+            requests: vec![short, long],
+            block_tokens: 16,
+        };
+        let p = params();
+        let f = floor_per_request(&w, &p).expect("floor");
+        let (a, b) = (f[0].expect("short"), f[1].expect("long"));
+        assert_eq!(a.e2e_s, a.ttft_s, "one output token: the first is the last");
+        // The second is served from cache, so its first token is quicker; then 100 decode
+        // steps of one sequence, each at least the step's fixed cost.
+        assert!(b.ttft_s < a.ttft_s);
+        let step_s = p.timing.step_base_us / 1e6;
+        assert!(b.e2e_s - b.ttft_s >= 100.0 * step_s, "{b:?}");
+        assert!(b.e2e_s - b.ttft_s < 100.0 * 2.0 * step_s, "{b:?}");
+        let d = floors_fastest(&w, &[p]).expect("dists");
+        assert_eq!(d.e2e_s.count, 2);
+        assert!(d.e2e_s.mean > d.ttft_s.mean);
+    }
+
+    #[test]
     fn the_fastest_class_sets_the_floor() {
         let w = Workload {
             requests: vec![req(&(1..=200).collect::<Vec<_>>(), 3200), req(&[9; 1], 20)],
@@ -182,8 +278,12 @@ mod tests {
         let f = ttft_floor(&w, &fast).expect("fast");
         let s = ttft_floor(&w, &slow).expect("slow");
         assert!(s.mean > 2.0 * f.mean, "{s:?} vs {f:?}");
-        let both = ttft_floor_fastest(&w, &[slow, fast]).expect("both");
+        let both = ttft_floor_fastest(&w, &[slow.clone(), fast.clone()]).expect("both");
         assert_eq!(both, f);
+        let e2e = floors_fastest(&w, &[slow, fast.clone()])
+            .expect("e2e")
+            .e2e_s;
+        assert_eq!(e2e, floors_fastest(&w, &[fast]).expect("fast").e2e_s);
         assert!(ttft_floor_fastest(&w, &[]).is_err());
     }
 

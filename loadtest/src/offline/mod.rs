@@ -45,7 +45,10 @@ pub use bounds::{infinite_cache_hit, lru_cache_hit, HitRatio};
 pub use cli::{run_cli, OfflineArgs, OfflineReport};
 pub use engine_loop::{simulate, EngineSpec, FleetSpec};
 pub use error::OfflineError;
-pub use floor::{ttft_floor, ttft_floor_fastest, ttft_floor_per_request};
+pub use floor::{
+    floor_per_request, floors_fastest, ttft_floor, ttft_floor_fastest, ttft_floor_per_request,
+    Floors, RequestFloor,
+};
 pub use result::{ClassResult, InstanceResult, PolicyResult, References, TimelinePoint};
 pub use router::{IndexMode, RouterSettings};
 pub use runner::{references, run_policies, run_policy, run_with_references, OfflineConfig};

@@ -137,4 +137,8 @@ pub struct References {
     /// TTFT of each request alone on an idle engine with the infinite cache's hit, seconds (on
     /// the fastest engine class for that request, in a fleet of several classes).
     pub ttft_floor_s: Dist,
+    /// End-to-end latency of each request alone on an idle engine with the infinite cache's hit
+    /// (its whole output decoded in a batch of one), seconds; fastest class per request.
+    #[serde(default)]
+    pub e2e_floor_s: Dist,
 }

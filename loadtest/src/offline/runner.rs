@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use super::bounds::{infinite_cache_hit, lru_cache_hit};
 use super::engine_loop::{simulate, FleetSpec};
-use super::floor::ttft_floor_fastest;
+use super::floor::floors_fastest;
 use super::policies::make_policy;
 use super::result::{PolicyResult, References};
 use super::router::{RouterSettings, SimRouter};
@@ -96,16 +96,18 @@ pub fn references(
     with_floor: bool,
 ) -> Result<References, OfflineError> {
     let cap = fleet.capacity_blocks();
+    let floors = if with_floor {
+        let classes: Vec<_> = fleet.classes().into_iter().map(|c| c.2).collect();
+        floors_fastest(workload, &classes)?
+    } else {
+        Default::default()
+    };
     Ok(References {
         infinite_hit_ratio: infinite_cache_hit(workload).ratio(),
         fleet_lru_hit_ratio: lru_cache_hit(workload, cap as usize).ratio(),
         fleet_lru_capacity_blocks: cap,
-        ttft_floor_s: if with_floor {
-            let classes: Vec<_> = fleet.classes().into_iter().map(|c| c.2).collect();
-            ttft_floor_fastest(workload, &classes)?
-        } else {
-            Default::default()
-        },
+        ttft_floor_s: floors.ttft_s,
+        e2e_floor_s: floors.e2e_s,
     })
 }
 
