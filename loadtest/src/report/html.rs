@@ -89,12 +89,7 @@ fn rounds_table(out: &mut String, rows: &[RoundsRow]) {
     );
     let cell = |s: Option<Spread>, scale: f64| {
         s.map_or("<td>-</td>".to_string(), |s| {
-            format!(
-                "<td>{:.3} <small>({:.3}–{:.3})</small></td>",
-                s.mean * scale,
-                s.min * scale,
-                s.max * scale
-            )
+            format!("<td>{}</td>", esc(&s.display(scale, 3)))
         })
     };
     for r in rows {

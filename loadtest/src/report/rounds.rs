@@ -38,6 +38,17 @@ impl Spread {
             max: values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
         })
     }
+
+    /// `mean (lowest–highest)`, each multiplied by `scale` and written with `digits` decimals;
+    /// the terminal and HTML tables both read it, so they never disagree.
+    pub fn display(&self, scale: f64, digits: usize) -> String {
+        format!(
+            "{:.digits$} ({:.digits$}–{:.digits$})",
+            self.mean * scale,
+            self.min * scale,
+            self.max * scale
+        )
+    }
 }
 
 /// One contender's figures over the rounds.
@@ -112,14 +123,7 @@ pub fn over_rounds(results: &[ContenderResult]) -> Vec<RoundsRow> {
 }
 
 fn cell(s: Option<Spread>, scale: f64, digits: usize) -> String {
-    s.map_or("-".to_string(), |s| {
-        format!(
-            "{:.digits$} ({:.digits$}–{:.digits$})",
-            s.mean * scale,
-            s.min * scale,
-            s.max * scale
-        )
-    })
+    s.map_or("-".to_string(), |s| s.display(scale, digits))
 }
 
 /// The terminal table: one row per contender, each figure as mean (lowest–highest run).
