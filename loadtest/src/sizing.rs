@@ -437,6 +437,9 @@ mod tests {
                 .expect("floor")
         };
         assert_eq!(r.ttft_floor_s.expect("floor"), floor(&h100));
+        let e2e = |f: &FleetShape| size(&t, f, true).expect("size").e2e_floor_s.expect("e2e");
+        assert_eq!(r.e2e_floor_s.expect("e2e floor"), e2e(&h100));
+        assert!(e2e(&a100).mean > e2e(&h100).mean);
         assert!(floor(&a100).mean > 2.0 * floor(&h100).mean);
         // Small capacities, different per class: the fleet-sized LRU holds the sum of the
         // engines' own capacities (2 × 200 + 2 × 8 GPU blocks + 4 × 8 CPU blocks).
