@@ -430,17 +430,17 @@ mod tests {
         // The floor is the H100 class's: the same as a fleet of H100s alone.
         let h100 = FleetShape::from_config(&cfg("llama3-8b-h100:4", None)).expect("h100");
         let a100 = FleetShape::from_config(&cfg("llama3-8b-a100-40gb:4", None)).expect("a100");
-        let floor = |f: &FleetShape| {
-            size(&t, f, true)
-                .expect("size")
-                .ttft_floor_s
-                .expect("floor")
+        // (TTFT floor, E2E floor) of a fleet.
+        let floors = |f: &FleetShape| {
+            let r = size(&t, f, true).expect("size");
+            (r.ttft_floor_s.expect("floor"), r.e2e_floor_s.expect("e2e"))
         };
-        assert_eq!(r.ttft_floor_s.expect("floor"), floor(&h100));
-        let e2e = |f: &FleetShape| size(&t, f, true).expect("size").e2e_floor_s.expect("e2e");
-        assert_eq!(r.e2e_floor_s.expect("e2e floor"), e2e(&h100));
-        assert!(e2e(&a100).mean > e2e(&h100).mean);
-        assert!(floor(&a100).mean > 2.0 * floor(&h100).mean);
+        let (h100_ttft, h100_e2e) = floors(&h100);
+        let (a100_ttft, a100_e2e) = floors(&a100);
+        assert_eq!(r.ttft_floor_s.expect("floor"), h100_ttft);
+        assert_eq!(r.e2e_floor_s.expect("e2e floor"), h100_e2e);
+        assert!(a100_e2e.mean > h100_e2e.mean);
+        assert!(a100_ttft.mean > 2.0 * h100_ttft.mean);
         // Small capacities, different per class: the fleet-sized LRU holds the sum of the
         // engines' own capacities (2 × 200 + 2 × 8 GPU blocks + 4 × 8 CPU blocks).
         let mut small = mixed.clone();

@@ -99,22 +99,6 @@ pub fn floor_per_request(
     Ok(out)
 }
 
-/// Per-request TTFT floor in seconds, in workload order (`None` for requests the engine refuses).
-pub fn ttft_floor_per_request(
-    workload: &Workload,
-    params: &EngineParams,
-) -> Result<Vec<Option<f64>>, OfflineError> {
-    Ok(floor_per_request(workload, params)?
-        .into_iter()
-        .map(|f| f.map(|f| f.ttft_s))
-        .collect())
-}
-
-/// Distribution of the TTFT floor over the workload, seconds.
-pub fn ttft_floor(workload: &Workload, params: &EngineParams) -> Result<Dist, OfflineError> {
-    Ok(floors_fastest(workload, std::slice::from_ref(params))?.ttft_s)
-}
-
 /// The floors' distributions over a workload, seconds.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Floors {
@@ -154,15 +138,6 @@ pub fn floors_fastest(
         ttft_s: Dist::of(&mut ttft),
         e2e_s: Dist::of(&mut e2e),
     })
-}
-
-/// Distribution of the TTFT floor over the workload when each request may run on any of the
-/// engine classes `classes`: per request, the fastest class's floor, seconds.
-pub fn ttft_floor_fastest(
-    workload: &Workload,
-    classes: &[EngineParams],
-) -> Result<Dist, OfflineError> {
-    Ok(floors_fastest(workload, classes)?.ttft_s)
 }
 
 /// What [`drain`] saw.
@@ -205,6 +180,11 @@ mod tests {
     use super::*;
     use crate::offline::workload::OfflineRequest;
 
+    /// The TTFT floor's distribution on one engine class.
+    fn ttft_floor(w: &Workload, p: &EngineParams) -> Result<Dist, OfflineError> {
+        Ok(floors_fastest(w, std::slice::from_ref(p))?.ttft_s)
+    }
+
     fn params() -> EngineParams {
         EngineParams {
             num_gpu_blocks: 1000,
@@ -230,11 +210,11 @@ mod tests {
             requests: vec![req(&long, 4096), req(&other, 4096), req(&[7; 1], 20)],
             block_tokens: 16,
         };
-        let f = ttft_floor_per_request(&w, &params()).expect("floor");
-        let (a, b) = (f[0].expect("a"), f[1].expect("b"));
+        let f = floor_per_request(&w, &params()).expect("floor");
+        let (a, b) = (f[0].expect("a").ttft_s, f[1].expect("b").ttft_s);
         assert!(a > 0.0 && b > 0.0);
         assert!(b < a * 0.5, "250 of 256 blocks cached: {b} vs {a}");
-        assert!(f[2].expect("c") > 0.0);
+        assert!(f[2].expect("c").ttft_s > 0.0);
         let d = ttft_floor(&w, &params()).expect("dist");
         assert_eq!(d.count, 3);
     }
@@ -278,13 +258,15 @@ mod tests {
         let f = ttft_floor(&w, &fast).expect("fast");
         let s = ttft_floor(&w, &slow).expect("slow");
         assert!(s.mean > 2.0 * f.mean, "{s:?} vs {f:?}");
-        let both = ttft_floor_fastest(&w, &[slow.clone(), fast.clone()]).expect("both");
+        let both = floors_fastest(&w, &[slow.clone(), fast.clone()])
+            .expect("both")
+            .ttft_s;
         assert_eq!(both, f);
         let e2e = floors_fastest(&w, &[slow, fast.clone()])
             .expect("e2e")
             .e2e_s;
         assert_eq!(e2e, floors_fastest(&w, &[fast]).expect("fast").e2e_s);
-        assert!(ttft_floor_fastest(&w, &[]).is_err());
+        assert!(floors_fastest(&w, &[]).is_err());
     }
 
     #[test]
@@ -293,6 +275,6 @@ mod tests {
             requests: vec![req(&[1], 20)],
             block_tokens: 32,
         };
-        assert!(ttft_floor(&w, &params()).is_err());
+        assert!(floor_per_request(&w, &params()).is_err());
     }
 }

@@ -45,10 +45,7 @@ pub use bounds::{infinite_cache_hit, lru_cache_hit, HitRatio};
 pub use cli::{run_cli, OfflineArgs, OfflineReport};
 pub use engine_loop::{simulate, EngineSpec, FleetSpec};
 pub use error::OfflineError;
-pub use floor::{
-    floor_per_request, floors_fastest, ttft_floor, ttft_floor_fastest, ttft_floor_per_request,
-    Floors, RequestFloor,
-};
+pub use floor::{floor_per_request, floors_fastest, Floors, RequestFloor};
 pub use result::{ClassResult, InstanceResult, PolicyResult, References, TimelinePoint};
 pub use router::{IndexMode, RouterSettings};
 pub use runner::{references, run_policies, run_policy, run_with_references, OfflineConfig};
