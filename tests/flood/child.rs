@@ -8,7 +8,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -24,10 +24,15 @@ impl Child {
     /// Starts the binary on `toml` (written to a temporary file) and waits, at most 30 s, for
     /// its `kvgate serving` line.
     pub fn start(toml: &str) -> Child {
+        Self::start_binary(Path::new(env!("CARGO_BIN_EXE_kvgate")), toml)
+    }
+
+    /// [`Child::start`] with another `kvgate` binary (an earlier release's).
+    pub fn start_binary(bin: &Path, toml: &str) -> Child {
         // One file per child: the tests of this file run at once in one process.
         let config = crate::common::fresh_dir("flood").join("kvgate.toml");
         std::fs::write(&config, toml).unwrap();
-        let mut proc = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        let mut proc = Command::new(bin)
             .arg("--config")
             .arg(&config)
             .arg("--log-format")

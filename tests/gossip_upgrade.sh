@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# A rolling upgrade's middle, for real: builds the kvgate binary of an earlier release from git
+# history and runs tests/gossip_upgrade.rs, where that binary gossips with this release's gateway
+# in front of the same engines.
+#
+#   tests/gossip_upgrade.sh [<git-ref>]       (default: the release before load_sized, 0d86d74)
+#
+# The earlier binary is cached under target/earlier/ by commit. Not run by CI: building an
+# earlier release takes minutes and needs the history of the clone.
+set -euo pipefail
+
+ref=${1:-0d86d74}
+root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
+commit=$(git -C "$root" rev-parse --verify "$ref^{commit}")
+bin="$root/target/earlier/kvgate-$commit"
+
+if [[ ! -x $bin ]]; then
+    work=$(mktemp -d)
+    cleanup() {
+        git -C "$root" worktree remove --force "$work/tree" >/dev/null 2>&1 || true
+        rm -rf "$work"
+    }
+    trap cleanup EXIT
+    git -C "$root" worktree add --detach "$work/tree" "$commit" >/dev/null
+    # Its own target directory: the earlier lock file may pin other versions, and its binary
+    # must not replace this tree's.
+    CARGO_TARGET_DIR="${KVGATE_EARLIER_TARGET_DIR:-$root/target/earlier/build}" \
+        cargo build --quiet --manifest-path "$work/tree/Cargo.toml" --bin kvgate
+    mkdir -p "$(dirname "$bin")"
+    cp "${KVGATE_EARLIER_TARGET_DIR:-$root/target/earlier/build}/debug/kvgate" "$bin"
+fi
+
+echo "earlier release: $commit ($bin)"
+cd "$root"
+KVGATE_EARLIER_BIN="$bin" cargo test --test gossip_upgrade -- --ignored --nocapture
