@@ -31,23 +31,7 @@ async fn gossip_of(g: &Gateway) -> kvgate_gossip::Gossip {
 }
 
 async fn complete(g: &Gateway, prompt: &str) -> (String, u32) {
-    let r = client()
-        .post(g.url("/v1/completions"))
-        .json(&serde_json::json!({ "model": "m", "prompt": prompt, "max_tokens": 4 }))
-        .send()
-        .await
-        .expect("request");
-    assert!(r.status().is_success(), "status {}", r.status());
-    let h = |n: &str| {
-        r.headers()
-            .get(n)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_string()
-    };
-    let inst = h("x-kvgate-instance");
-    let matched = h("x-kvgate-matched-blocks").parse().unwrap_or(0);
-    (inst, matched)
+    complete_at(g.addr, prompt).await
 }
 
 /// Three mock engines and their URLs.

@@ -86,14 +86,7 @@ model = "m"
 
 /// `GET path` on the child, as JSON.
 async fn admin(a: &Child, path: &str) -> Value {
-    client()
-        .get(format!("http://{}{path}", a.addr))
-        .send()
-        .await
-        .expect("admin request")
-        .json()
-        .await
-        .expect("admin JSON")
+    get_json(format!("http://{}{path}", a.addr)).await
 }
 
 /// Delta batches the child has produced.
@@ -101,28 +94,6 @@ async fn batches_sent_by(a: &Child) -> u64 {
     admin(a, "/admin/cluster").await["batches_sent"]
         .as_u64()
         .expect("batches_sent")
-}
-
-/// A completion through the gateway at `addr`: (instance, matched blocks).
-async fn complete(addr: std::net::SocketAddr, prompt: &str) -> (String, u32) {
-    let r = client()
-        .post(format!("http://{addr}/v1/completions"))
-        .json(&serde_json::json!({ "model": "m", "prompt": prompt, "max_tokens": 4 }))
-        .send()
-        .await
-        .expect("request");
-    assert!(r.status().is_success(), "status {}", r.status());
-    let h = |n: &str| {
-        r.headers()
-            .get(n)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_string()
-    };
-    (
-        h("x-kvgate-instance"),
-        h("x-kvgate-matched-blocks").parse().unwrap_or(0),
-    )
 }
 
 fn prompt(tag: &str, i: usize) -> String {
@@ -184,7 +155,7 @@ async fn an_earlier_release_and_this_one_gossip_as_one_cluster() {
     for i in 0..4 {
         let p = prompt("through A", i);
         let before = batches_sent_by(&a).await;
-        let (chosen, _) = complete(a.addr, &p).await;
+        let (chosen, _) = complete_at(a.addr, &p).await;
         // A has flushed this decision, and B has every batch A produced.
         let flushed = eventually_async(10, || async { batches_sent_by(&a).await > before }).await;
         assert!(flushed, "A never flushed its decision");
@@ -198,7 +169,7 @@ async fn an_earlier_release_and_this_one_gossip_as_one_cluster() {
         })
         .await;
         assert!(received, "B did not receive A's decisions");
-        let (via_b, matched) = complete(b.addr, &p).await;
+        let (via_b, matched) = complete_at(b.addr, &p).await;
         assert_eq!(via_b, chosen, "B routed A's prompt {i} elsewhere");
         assert!(matched > 0, "B saw no cached blocks for A's prompt {i}");
     }
@@ -206,7 +177,7 @@ async fn an_earlier_release_and_this_one_gossip_as_one_cluster() {
     for i in 0..4 {
         let p = prompt("through B", i);
         let before = gb.cluster_status().batches_sent;
-        let (chosen, _) = complete(b.addr, &p).await;
+        let (chosen, _) = complete_at(b.addr, &p).await;
         assert!(eventually(10, || gb.cluster_status().batches_sent > before).await);
         let sent = gb.cluster_status().batches_sent;
         let received = eventually_async(10, || async {
@@ -216,7 +187,7 @@ async fn an_earlier_release_and_this_one_gossip_as_one_cluster() {
         })
         .await;
         assert!(received, "A did not receive B's decisions");
-        let (via_a, matched) = complete(a.addr, &p).await;
+        let (via_a, matched) = complete_at(a.addr, &p).await;
         assert_eq!(via_a, chosen, "A routed B's prompt {i} elsewhere");
         assert!(matched > 0, "A saw no cached blocks for B's prompt {i}");
     }
@@ -273,7 +244,7 @@ async fn an_earlier_release_and_this_one_gossip_as_one_cluster() {
     .await;
     assert!(a_avoids, "B's verdict did not reach A");
     for i in 0..12 {
-        let (chosen, _) = complete(a.addr, &prompt("while e1 is dead", i)).await;
+        let (chosen, _) = complete_at(a.addr, &prompt("while e1 is dead", i)).await;
         assert_ne!(
             chosen, "i1",
             "A routed request {i} to the instance B saw dead"

@@ -75,14 +75,7 @@ pub async fn set_faults(url: &str, faults: Value) {
 
 /// `GET path` on the gateway, as JSON.
 pub async fn admin(gw: &Gateway, path: &str) -> Value {
-    client()
-        .get(gw.url(path))
-        .send()
-        .await
-        .expect("admin request")
-        .json()
-        .await
-        .expect("admin JSON")
+    get_json(gw.url(path)).await
 }
 
 /// The `/admin/instances` entry of instance `name`.

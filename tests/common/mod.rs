@@ -473,6 +473,42 @@ pub async fn ask(gw: &Gateway, prompt: &str) -> (u16, String) {
     (r.status().as_u16(), who)
 }
 
+/// A completion (model `m`, 4 tokens) through the gateway at `addr`, which must succeed: the
+/// instance that answered (`x-kvgate-instance`) and the leading blocks it held
+/// (`x-kvgate-matched-blocks`).
+pub async fn complete_at(addr: SocketAddr, prompt: &str) -> (String, u32) {
+    let r = client()
+        .post(format!("http://{addr}/v1/completions"))
+        .json(&serde_json::json!({ "model": "m", "prompt": prompt, "max_tokens": 4 }))
+        .send()
+        .await
+        .expect("request");
+    assert!(r.status().is_success(), "status {}", r.status());
+    let h = |n: &str| {
+        r.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    (
+        h("x-kvgate-instance"),
+        h("x-kvgate-matched-blocks").parse().unwrap_or(0),
+    )
+}
+
+/// `GET url`, as JSON.
+pub async fn get_json(url: impl reqwest::IntoUrl) -> serde_json::Value {
+    client()
+        .get(url)
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("a JSON answer")
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(15))

@@ -18,7 +18,6 @@
 
 mod samples;
 
-use kvgate_gossip::membership::NodeIdentity;
 use kvgate_gossip::wire::envelope::{Keys, OVERHEAD};
 use kvgate_gossip::wire::payload::{
     decode_chunk, decode_delta, decode_load, decode_load_sized, decode_resend,
@@ -26,7 +25,6 @@ use kvgate_gossip::wire::payload::{
 };
 use kvgate_gossip::wire::Kind;
 use samples::*;
-use std::num::NonZeroU32;
 
 /// Every release's golden file: (file, contents).
 const RELEASES: [(&str, &str); 2] = [
@@ -253,15 +251,7 @@ fn every_releases_announce_is_answered_by_this_release() {
             .into_iter()
             .find(|s| s.name == "membership_announce")
             .unwrap_or_else(|| panic!("{file} has no membership announce"));
-        let seed = NodeIdentity {
-            addr: addr(SEED),
-            node: 0x5eed_0000_0000_0002,
-            epoch: WALL_MS * 1000,
-            bump: 0,
-        };
-        let config = foca::Config::new_lan(NonZeroU32::MIN.saturating_add(7));
-        let rng: rand::rngs::StdRng = rand::make_rng();
-        let mut foca = foca::Foca::new(seed, config, rng, foca::PostcardCodec);
+        let mut foca = member(SEED, 0x5eed_0000_0000_0002);
         let mut rt = foca::AccumulatingRuntime::new();
         foca.handle_data(&s.payload, &mut rt)
             .unwrap_or_else(|e| panic!("{file}: announce refused: {e}"));

@@ -77,17 +77,25 @@ fn entries(base_wall_ms: u64, with_retraction: bool) -> EntriesBuilder {
     e
 }
 
-/// The membership sample: a replica's first announce to a seed, as foca encodes it.
-pub fn announce() -> Vec<u8> {
+/// The membership protocol as a replica runs it.
+pub type Membership =
+    foca::Foca<NodeIdentity, foca::PostcardCodec, rand::rngs::StdRng, foca::NoCustomBroadcast>;
+
+/// A replica's membership protocol, listening at `at` with node id `node`.
+pub fn member(at: &str, node: u64) -> Membership {
     let me = NodeIdentity {
-        addr: addr(ANNOUNCER),
-        node: SENDER,
+        addr: addr(at),
+        node,
         epoch: WALL_MS * 1000,
         bump: 0,
     };
     let config = foca::Config::new_lan(NonZeroU32::MIN.saturating_add(7));
-    let rng: rand::rngs::StdRng = rand::make_rng();
-    let mut foca = foca::Foca::new(me, config, rng, foca::PostcardCodec);
+    foca::Foca::new(me, config, rand::make_rng(), foca::PostcardCodec)
+}
+
+/// The membership sample: a replica's first announce to a seed, as foca encodes it.
+pub fn announce() -> Vec<u8> {
+    let mut foca = member(ANNOUNCER, SENDER);
     let mut rt = foca::AccumulatingRuntime::new();
     foca.announce(NodeIdentity::seed(addr(SEED)), &mut rt)
         .expect("announcing to a seed");
