@@ -83,14 +83,7 @@ async fn replicas_share_placements_and_load() {
         // the same prompt through B.
         assert!(eventually(10, || ga.cluster_status().batches_sent > before).await);
         let sent = ga.cluster_status().batches_sent;
-        let ok = eventually(10, || {
-            gb.cluster_status()
-                .members
-                .first()
-                .and_then(|m| m.next_seq)
-                .is_some_and(|n| n >= sent)
-        })
-        .await;
+        let ok = eventually(10, || received_batches(&gb, sent)).await;
         assert!(ok, "B did not receive A's decisions");
         let (via_b, matched) = complete(&b, &prompt).await;
         assert_eq!(via_b, chosen, "B routed prompt {i} elsewhere");

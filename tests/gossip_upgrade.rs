@@ -160,14 +160,7 @@ async fn an_earlier_release_and_this_one_gossip_as_one_cluster() {
         let flushed = eventually_async(10, || async { batches_sent_by(&a).await > before }).await;
         assert!(flushed, "A never flushed its decision");
         let sent = batches_sent_by(&a).await;
-        let received = eventually(10, || {
-            gb.cluster_status()
-                .members
-                .first()
-                .and_then(|m| m.next_seq)
-                .is_some_and(|n| n >= sent)
-        })
-        .await;
+        let received = eventually(10, || received_batches(&gb, sent)).await;
         assert!(received, "B did not receive A's decisions");
         let (via_b, matched) = complete_at(b.addr, &p).await;
         assert_eq!(via_b, chosen, "B routed A's prompt {i} elsewhere");

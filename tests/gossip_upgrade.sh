@@ -15,17 +15,13 @@ commit=$(git -C "$root" rev-parse --verify "$ref^{commit}")
 bin="$root/target/earlier/kvgate-$commit"
 
 if [[ ! -x $bin ]]; then
-    work=$(mktemp -d)
-    cleanup() {
-        git -C "$root" worktree remove --force "$work/tree" >/dev/null 2>&1 || true
-        rm -rf "$work"
-    }
-    trap cleanup EXIT
-    git -C "$root" worktree add --detach "$work/tree" "$commit" >/dev/null
+    # shellcheck source=lib/earlier_tree.sh
+    source "$root/tests/lib/earlier_tree.sh"
+    earlier_tree "$root" "$commit"
     # Its own target directory: the earlier lock file may pin other versions, and its binary
     # must not replace this tree's.
     CARGO_TARGET_DIR="${KVGATE_EARLIER_TARGET_DIR:-$root/target/earlier/build}" \
-        cargo build --quiet --manifest-path "$work/tree/Cargo.toml" --bin kvgate
+        cargo build --quiet --manifest-path "$tree/Cargo.toml" --bin kvgate
     mkdir -p "$(dirname "$bin")"
     cp "${KVGATE_EARLIER_TARGET_DIR:-$root/target/earlier/build}/debug/kvgate" "$bin"
 fi

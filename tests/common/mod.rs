@@ -497,6 +497,16 @@ pub async fn complete_at(addr: SocketAddr, prompt: &str) -> (String, u32) {
     )
 }
 
+/// Whether `g` has received every delta batch its first gossip peer had produced when that peer
+/// reported `sent` of them.
+pub fn received_batches(g: &kvgate_gossip::Gossip, sent: u64) -> bool {
+    g.cluster_status()
+        .members
+        .first()
+        .and_then(|m| m.next_seq)
+        .is_some_and(|n| n >= sent)
+}
+
 /// `GET url`, as JSON.
 pub async fn get_json(url: impl reqwest::IntoUrl) -> serde_json::Value {
     client()

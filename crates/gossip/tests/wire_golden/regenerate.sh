@@ -15,15 +15,11 @@ root=$(git -C "$here" rev-parse --show-toplevel)
 commit=$(git -C "$root" rev-parse --verify "$ref^{commit}")
 out=$(realpath -m "$out")
 
-work=$(mktemp -d)
-cleanup() {
-    git -C "$root" worktree remove --force "$work/tree" >/dev/null 2>&1 || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-git -C "$root" worktree add --detach "$work/tree" "$commit" >/dev/null
-gen="$work/tree/crates/gossip/tests/golden_generate"
+# shellcheck source=../../../../tests/lib/earlier_tree.sh
+source "$root/tests/lib/earlier_tree.sh"
+earlier_tree "$root" "$commit"
+target=$(dirname "$tree")/target
+gen="$tree/crates/gossip/tests/golden_generate"
 mkdir -p "$gen"
 cp "$here/samples.rs" "$gen/samples.rs"
 cat >"$gen/main.rs" <<'RS'
@@ -39,7 +35,7 @@ fn write() {
 RS
 
 # Its own target directory: an earlier release's lock file may pin other versions.
-GOLDEN_OUT="$out" GOLDEN_COMMIT="$commit" CARGO_TARGET_DIR="$work/target" \
-    cargo test --quiet --manifest-path "$work/tree/Cargo.toml" -p kvgate-gossip \
+GOLDEN_OUT="$out" GOLDEN_COMMIT="$commit" CARGO_TARGET_DIR="$target" \
+    cargo test --quiet --manifest-path "$tree/Cargo.toml" -p kvgate-gossip \
     --test golden_generate -- --exact write
 echo "wrote $out from $commit"
