@@ -50,6 +50,8 @@ fn gossip(seeds: Vec<String>) -> kvgate_gossip::GossipConfig {
 /// serialized config of this release would name keys the earlier one refuses). A checks health
 /// so rarely that whatever it learns about an engine within the test comes from B.
 fn earlier_config(urls: &[String], seed: &str) -> String {
+    // The same protocol timings and secret as B's.
+    let g = gossip(vec![seed.to_owned()]);
     let mut t = format!(
         r#"[server]
 listen = "127.0.0.1:0"
@@ -66,15 +68,20 @@ poll_interval_ms = 100
 enabled = true
 bind = "127.0.0.1:0"
 seeds = ["{seed}"]
-secret = "{SECRET}"
-probe_period_ms = 200
-probe_rtt_ms = 80
-suspect_to_down_ms = 600
-seed_interval_ms = 200
+secret = "{secret}"
+probe_period_ms = {probe}
+probe_rtt_ms = {rtt}
+suspect_to_down_ms = {down}
+seed_interval_ms = {seeds_ms}
 
 [[pools]]
 model = "m"
-"#
+"#,
+        secret = g.secret,
+        probe = g.probe_period_ms,
+        rtt = g.probe_rtt_ms,
+        down = g.suspect_to_down_ms,
+        seeds_ms = g.seed_interval_ms,
     );
     for (i, u) in urls.iter().enumerate() {
         t.push_str(&format!(
