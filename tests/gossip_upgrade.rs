@@ -46,17 +46,28 @@ fn gossip(seeds: Vec<String>) -> kvgate_gossip::GossipConfig {
     }
 }
 
+/// Whether the earlier release knows `server.admin_listen` (`KVGATE_EARLIER_ADMIN_LISTEN`, set by
+/// the script from that release's source; unset: it does). Releases before it serve the admin
+/// API on the main listener and refuse the key.
+fn earlier_knows_admin_listen() -> bool {
+    std::env::var("KVGATE_EARLIER_ADMIN_LISTEN").map_or(true, |v| v != "0")
+}
+
 /// A's config, written by hand with only keys every release since gossip encryption knows (a
 /// serialized config of this release would name keys the earlier one refuses). A checks health
 /// so rarely that whatever it learns about an engine within the test comes from B.
 fn earlier_config(urls: &[String], seed: &str) -> String {
     // The same protocol timings and secret as B's.
     let g = gossip(vec![seed.to_owned()]);
+    let admin = if earlier_knows_admin_listen() {
+        "admin_listen = \"main\"\n"
+    } else {
+        ""
+    };
     let mut t = format!(
         r#"[server]
 listen = "127.0.0.1:0"
-admin_listen = "main"
-
+{admin}
 [health]
 interval_ms = 600000
 timeout_ms = 500

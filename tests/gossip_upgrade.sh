@@ -26,6 +26,11 @@ if [[ ! -x $bin ]]; then
     cp "${KVGATE_EARLIER_TARGET_DIR:-$root/target/earlier/build}/debug/kvgate" "$bin"
 fi
 
+# Releases before `server.admin_listen` serve the admin API on the main listener and refuse the
+# key; later ones need it, or they would bind their own fixed admin port.
+if git -C "$root" grep -q 'admin_listen' "$commit" -- src/config; then admin_key=1; else admin_key=0; fi
+
 echo "earlier release: $commit ($bin)"
 cd "$root"
-KVGATE_EARLIER_BIN="$bin" cargo test --test gossip_upgrade -- --ignored --nocapture
+KVGATE_EARLIER_BIN="$bin" KVGATE_EARLIER_ADMIN_LISTEN=$admin_key \
+    cargo test --test gossip_upgrade -- --ignored --nocapture

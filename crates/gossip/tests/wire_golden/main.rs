@@ -27,12 +27,13 @@ use kvgate_gossip::wire::Kind;
 use samples::*;
 
 /// Every release's golden file: (file, contents).
-const RELEASES: [(&str, &str); 2] = [
+const RELEASES: [(&str, &str); 3] = [
     ("current.txt", include_str!("current.txt")),
     (
         "before_load_sized.txt",
         include_str!("before_load_sized.txt"),
     ),
+    ("first_with_usage.txt", include_str!("first_with_usage.txt")),
 ];
 
 struct Sample {

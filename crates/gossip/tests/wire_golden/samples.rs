@@ -2,9 +2,10 @@
 //! compiled release's own encoders and sealed under a fixed cluster and secret.
 //!
 //! This file is compiled by the current test (`main.rs`) and, unchanged, against earlier releases
-//! by `regenerate.sh`, so it uses only API every release since wire version 2 has: that is what
-//! lets one golden file per release say what that release sent. Samples added here must keep to
-//! it (a kind a release lacks belongs in `main.rs`, as `load_sized` does).
+//! by `regenerate.sh`, so it uses only API every release since the first with usage datagrams
+//! has (the earliest golden file's): that is what lets one golden file per release say what that
+//! release sent. Samples added here must keep to it (a kind a release lacks belongs in `main.rs`,
+//! as `load_sized` does).
 
 use kvgate_gossip::membership::NodeIdentity;
 use kvgate_gossip::wire::envelope::{Header, Keys};
