@@ -30,10 +30,6 @@ async fn gossip_of(g: &Gateway) -> kvgate_gossip::Gossip {
     g.state.routing.gossip().cloned().expect("started")
 }
 
-async fn complete(g: &Gateway, prompt: &str) -> (String, u32) {
-    complete_at(g.addr, prompt).await
-}
-
 /// Three mock engines and their URLs.
 async fn three_engines() -> ([Mock; 3], Vec<String>) {
     let engines = [
@@ -77,7 +73,7 @@ async fn replicas_share_placements_and_load() {
             "a long shared prefix of words. ".repeat(60)
         );
         let before = ga.cluster_status().batches_sent;
-        let (chosen, _) = complete(&a, &prompt).await;
+        let (chosen, _) = complete_at(a.addr, &prompt).await;
         assert!(!chosen.is_empty());
         // Wait until A has flushed this decision and B has every batch A produced, then route
         // the same prompt through B.
@@ -85,7 +81,7 @@ async fn replicas_share_placements_and_load() {
         let sent = ga.cluster_status().batches_sent;
         let ok = eventually(10, || received_batches(&gb, sent)).await;
         assert!(ok, "B did not receive A's decisions");
-        let (via_b, matched) = complete(&b, &prompt).await;
+        let (via_b, matched) = complete_at(b.addr, &prompt).await;
         assert_eq!(via_b, chosen, "B routed prompt {i} elsewhere");
         assert!(matched > 0, "B saw no cached blocks for prompt {i}");
     }
@@ -166,7 +162,7 @@ async fn one_replicas_dead_instance_verdict_steers_the_others() {
         .own_usable(b.state.clock.now_ms());
     assert!(own, "B itself never observed e1 dead: the verdict is A's");
     for i in 0..12 {
-        let (chosen, _) = complete(&b, &format!("request {i} {}", "x ".repeat(40))).await;
+        let (chosen, _) = complete_at(b.addr, &format!("request {i} {}", "x ".repeat(40))).await;
         assert_ne!(
             chosen, "i1",
             "B routed request {i} to the instance A saw dead"
@@ -185,7 +181,7 @@ async fn one_replicas_dead_instance_verdict_steers_the_others() {
     );
     let mut reached = false;
     for i in 0..60 {
-        let (chosen, _) = complete(&b, &format!("after {i} {}", "y ".repeat(40))).await;
+        let (chosen, _) = complete_at(b.addr, &format!("after {i} {}", "y ".repeat(40))).await;
         reached |= chosen == "i1";
     }
     assert!(reached, "B never routed to the recovered instance");
@@ -239,7 +235,7 @@ async fn a_refused_attempt_is_taken_back_here_and_on_peers() {
             "refused {i}: {}",
             "a prefix long enough for blocks. ".repeat(40)
         );
-        let (chosen, _) = complete(&a, &prompt).await;
+        let (chosen, _) = complete_at(a.addr, &prompt).await;
         assert_eq!(chosen, "i2", "only i2 answers");
         if engines[0].count() + engines[1].count() > 0 {
             refused = Some(prompt);

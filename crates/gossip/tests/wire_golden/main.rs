@@ -21,7 +21,7 @@ mod samples;
 use kvgate_gossip::wire::envelope::{Keys, OVERHEAD};
 use kvgate_gossip::wire::payload::{
     decode_chunk, decode_delta, decode_load, decode_load_sized, decode_resend,
-    decode_snapshot_request, decode_usage, encode_load_sized, DecodeSizes, Entry, LoadShare,
+    decode_snapshot_request, decode_usage, encode_load_sized, DecodeSizes, LoadShare,
 };
 use kvgate_gossip::wire::Kind;
 use samples::*;
@@ -177,29 +177,6 @@ fn this_release_sends_every_earlier_kind_byte_for_byte() {
     }
 }
 
-fn expected_entries(base_wall_ms: u64, with_retraction: bool) -> Vec<Entry> {
-    let decided = if base_wall_ms == 0 {
-        0
-    } else {
-        base_wall_ms - 100
-    };
-    let mut e = vec![Entry {
-        instance_key: 0x1111_2222_3333_4444,
-        decided_wall_ms: decided,
-        ttl_ms: 120_000,
-        hashes: vec![1, u64::MAX, 0xdead_beef],
-    }];
-    if with_retraction {
-        e.push(Entry {
-            instance_key: 5,
-            decided_wall_ms: decided,
-            ttl_ms: 0,
-            hashes: vec![42],
-        });
-    }
-    e
-}
-
 #[test]
 fn every_releases_payloads_decode_to_the_samples_values() {
     for (file, text) in RELEASES {
@@ -210,12 +187,12 @@ fn every_releases_payloads_decode_to_the_samples_values() {
                 "delta" => {
                     let d = decode_delta(p).expect(&what);
                     assert_eq!((d.seq, d.stride), (7, 1), "{what}");
-                    assert_eq!(d.entries, expected_entries(WALL_MS, true), "{what}");
+                    assert_eq!(d.entries, decisions(WALL_MS, true), "{what}");
                 }
                 "delta_checkpoints" => {
                     let d = decode_delta(p).expect(&what);
                     assert_eq!((d.seq, d.stride), (8, 16), "{what}");
-                    assert_eq!(d.entries, expected_entries(WALL_MS, false), "{what}");
+                    assert_eq!(d.entries, decisions(WALL_MS, false), "{what}");
                 }
                 "snapshot_chunk" => {
                     let (h, e) = decode_chunk(p).expect(&what);
@@ -223,7 +200,7 @@ fn every_releases_payloads_decode_to_the_samples_values() {
                         (h.request_id, h.chunk, h.last),
                         (SNAPSHOT_REQUEST_ID, 2, true)
                     );
-                    assert_eq!(e, expected_entries(0, false), "{what}");
+                    assert_eq!(e, decisions(0, false), "{what}");
                 }
                 "load" => assert_eq!(decode_load(p).expect(&what), load_shares(), "{what}"),
                 "load_sized" => {

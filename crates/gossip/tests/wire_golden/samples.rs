@@ -11,7 +11,7 @@ use kvgate_gossip::membership::NodeIdentity;
 use kvgate_gossip::wire::envelope::{Header, Keys};
 use kvgate_gossip::wire::payload::{
     encode_chunk, encode_delta, encode_load, encode_resend, encode_snapshot_request, encode_usage,
-    ChunkHeader, EntriesBuilder, LoadShare,
+    ChunkHeader, EntriesBuilder, Entry, LoadShare,
 };
 use kvgate_gossip::wire::Kind;
 use std::fmt::Write as _;
@@ -58,22 +58,31 @@ pub const SNAPSHOT_REQUEST_ID: u64 = 0x0123_4567_89ab_cdef;
 /// The resend request sample's range.
 pub const RESEND: (u64, u64) = (10, 300);
 
+/// The decisions of the entry samples: one, decided 100 ms before `base_wall_ms` (0: unknown,
+/// as in snapshots), and with `with_retraction` a second whose ttl of 0 takes a decision back.
+pub fn decisions(base_wall_ms: u64, with_retraction: bool) -> Vec<Entry> {
+    let decided_wall_ms = base_wall_ms.saturating_sub(100);
+    let mut d = vec![Entry {
+        instance_key: 0x1111_2222_3333_4444,
+        decided_wall_ms,
+        ttl_ms: 120_000,
+        hashes: vec![1, u64::MAX, 0xdead_beef],
+    }];
+    if with_retraction {
+        d.push(Entry {
+            instance_key: 5,
+            decided_wall_ms,
+            ttl_ms: 0,
+            hashes: vec![42],
+        });
+    }
+    d
+}
+
 fn entries(base_wall_ms: u64, with_retraction: bool) -> EntriesBuilder {
     let mut e = EntriesBuilder::new(base_wall_ms, 60_000);
-    let decided = if base_wall_ms == 0 {
-        0
-    } else {
-        base_wall_ms - 100
-    };
-    e.push(
-        0x1111_2222_3333_4444,
-        decided,
-        120_000,
-        &[1, u64::MAX, 0xdead_beef],
-    );
-    if with_retraction {
-        // A ttl of 0 takes a decision back.
-        e.push(5, decided, 0, &[42]);
+    for d in decisions(base_wall_ms, with_retraction) {
+        e.push(d.instance_key, d.decided_wall_ms, d.ttl_ms, &d.hashes);
     }
     e
 }
