@@ -201,9 +201,10 @@ pub struct KvgateParams {
     /// candidate with the fewest requests in flight (which also evens out decode batches), then
     /// by request seed. Default 0.1.
     pub tie_relative: f64,
-    /// Bound on any instance's share of the requests offered to it, as a multiple of the mean
-    /// share (1 / candidates), kept by a price in the cost model (see
-    /// [`super::share`]). 0 switches the price off. Default 0 (off).
+    /// Bound on any instance's share of the requests offered to it, as a multiple of its share
+    /// of the candidates' capacity (learned prefill rates; on one hardware class the mean share
+    /// 1 / candidates), kept by a price in the cost model (see [`super::share`]). 0 switches
+    /// the price off. Default 0 (off).
     pub max_share: f64,
     /// Growth rate of the share price: an instance that took `Q` requests beyond its share
     /// bound pays `best × (e^(share_price × Q) − 1)`, `best` being the decision's lowest cost,
@@ -313,7 +314,7 @@ impl KvgateParams {
         if !(self.max_share == 0.0 || (self.max_share.is_finite() && self.max_share > 1.0)) {
             return Err(InvalidKvgateParam {
                 field: "max_share",
-                requirement: "must be 0 (off) or above 1 (a multiple of the mean share)",
+                requirement: "must be 0 (off) or above 1 (a multiple of the capacity share)",
             });
         }
         Ok(())

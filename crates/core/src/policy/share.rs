@@ -16,18 +16,22 @@
 //!
 //! One virtual queue per instance (the drift-plus-penalty method for time-average constraints)
 //! counts the requests it took beyond its allowance. For every decision with `N` candidates
-//! and the chosen one `c`, for every candidate `k`:
+//! and the chosen one `c`, for every candidate `k` (`r_k` its learned prefill rate):
 //!
 //! ```text
-//! Q_k ← max(0, Q_k + [k = c] − max_share / N)
+//! Q_k ← max(0, Q_k + [k = c] − max_share × r_k / Σ r)
 //! share_k = best × (e^(share_price × Q_k) − 1)   (best: the lowest cost of the decision
 //!                                                 before this term)
 //! ```
 //!
 //! With `max_share > 1` a decision hands out more allowance than the one request it places, so
 //! queues drain while the shares are within the bound; `Q_k` grows only while `k` takes more than
-//! `max_share / N` of the requests offered to it, and its price grows with it until `k` stops
-//! being the cheapest often enough. An instance within its share pays nothing. The price is
+//! `max_share` times its share of the fleet's capacity, and its price grows with it until `k`
+//! stops being the cheapest often enough. On one hardware class the capacity share is the mean
+//! share `1 / N` (up to learning noise); on a mixed fleet an instance three times as fast is
+//! allowed three times the requests, since an even request share there would queue the slow
+//! half (a uniform `max_share / N` cost up to 1.4× mean end-to-end latency on mixed fleets,
+//! docs/offline-simulator.md). An instance within its share pays nothing. The price is
 //! relative to the decision's best cost, so it means the same on a fleet whose first tokens take
 //! 100 ms as on one where they take 20 s, and exponential in the excess, so an instance that is
 //! `r` times cheaper than the next needs only `ln(1 + r) / share_price` excess requests to be
@@ -76,12 +80,13 @@ impl ShareLedger {
     }
 
     /// Records that `chosen` (an index into `candidates`) took the request: its queue gains the
-    /// request, every candidate's drains by its allowance `max_share / N`.
+    /// request, every candidate's drains by its allowance, `max_share` times its capacity share
+    /// (see [`capacity_share`]).
     pub fn record(&self, candidates: &[Candidate], chosen: usize, max_share: f64) {
         if candidates.is_empty() || !(max_share.is_finite() && max_share > 0.0) {
             return;
         }
-        let allowance = max_share / candidates.len() as f64;
+        let total: f64 = candidates.iter().map(capacity).sum();
         let mut q = self.lock();
         for (i, c) in candidates.iter().enumerate() {
             let k = c.id.index();
@@ -89,6 +94,7 @@ impl ShareLedger {
                 q.resize(k + 1, 0.0);
             }
             let taken = if i == chosen { 1.0 } else { 0.0 };
+            let allowance = max_share * capacity_share(c, total, candidates.len());
             q[k] = (q[k] + taken - allowance).max(0.0);
         }
     }
@@ -98,6 +104,29 @@ impl ShareLedger {
         if let Some(q) = self.lock().get_mut(instance.index()) {
             *q = 0.0;
         }
+    }
+}
+
+/// What a candidate's allowance is proportional to: its learned prefill speed, the rate the cost
+/// model itself prices its work at. A fleet of one hardware class (rates equal up to learning
+/// noise) gets the mean share `1 / N` each; an instance that computes three times as fast is
+/// allowed three times the requests of a slower one.
+fn capacity(c: &Candidate) -> f64 {
+    let r = c.rates.prefill_tokens_per_s;
+    if r.is_finite() && r > 0.0 {
+        r
+    } else {
+        0.0
+    }
+}
+
+/// `c`'s share of the candidates' capacity (`total`, the sum of [`capacity`]); the mean share
+/// `1 / n` when a rate is unknown (a fleet whose total is not positive and finite).
+fn capacity_share(c: &Candidate, total: f64, n: usize) -> f64 {
+    if total.is_finite() && total > 0.0 && capacity(c) > 0.0 {
+        capacity(c) / total
+    } else {
+        1.0 / n as f64
     }
 }
 
@@ -165,5 +194,52 @@ mod tests {
         }
         ledger.queues(&cs, &mut q);
         assert!(q.iter().all(|x| x.is_finite() && *x >= 0.0), "{q:?}");
+    }
+
+    #[test]
+    fn a_faster_instance_is_allowed_its_share_of_the_capacity() {
+        let ledger = ShareLedger::default();
+        // Four instances prefilling three times as fast as the other four: the fast ones hold
+        // 3/16 of the capacity each, the slow ones 1/16.
+        let mut cs = fleet(8);
+        for c in &mut cs[..4] {
+            c.rates.prefill_tokens_per_s *= 3.0;
+        }
+        let mut q = Vec::new();
+        // Proportional to capacity (12 of every 16 requests to the fast half, 3 each), well
+        // above the mean share 1/8: within a bound of 1.3, nothing accumulates.
+        let order: Vec<usize> = (0..3).flat_map(|_| 0..4).chain(4..8).collect();
+        for r in 0..1600 {
+            ledger.record(&cs, order[r % order.len()], 1.3);
+            ledger.queues(&cs, &mut q);
+            assert!(q.iter().all(|&x| x < 2.0), "{q:?}");
+        }
+        // A slow instance taking the mean share (1/8, twice its 1/16 of the capacity) is over
+        // its bound of 1.3/16: it accumulates 1/8 − 1.3/16 per request.
+        let ledger = ShareLedger::default();
+        for r in 0..1600 {
+            ledger.record(&cs, r % 8, 1.3);
+        }
+        ledger.queues(&cs, &mut q);
+        let excess = 1600.0 * (1.0 / 8.0 - 1.3 / 16.0);
+        assert!(q[4..].iter().all(|&x| (x - excess).abs() < 2.0), "{q:?}");
+        assert!(q[..4].iter().all(|&x| x < 1.0), "{q:?}");
+    }
+
+    #[test]
+    fn unknown_rates_fall_back_to_the_mean_share() {
+        let mut cs = fleet(4);
+        for c in &mut cs {
+            c.rates.prefill_tokens_per_s = f64::NAN;
+        }
+        let total: f64 = cs.iter().map(capacity).sum();
+        assert_eq!(total, 0.0);
+        assert!(cs.iter().all(|c| capacity_share(c, total, 4) == 0.25));
+        // One unknown among known rates: the unknown one gets the mean share.
+        let mut cs = fleet(4);
+        cs[0].rates.prefill_tokens_per_s = 0.0;
+        let total: f64 = cs.iter().map(capacity).sum();
+        assert_eq!(capacity_share(&cs[0], total, 4), 0.25);
+        assert!((capacity_share(&cs[1], total, 4) - 1.0 / 3.0).abs() < 1e-12);
     }
 }
