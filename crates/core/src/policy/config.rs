@@ -210,6 +210,11 @@ pub struct KvgateParams {
     /// bound pays `best × (e^(share_price × Q) − 1)`, `best` being the decision's lowest cost,
     /// so the price grows until it stops being the cheapest often enough. Default 0.2.
     pub share_price: f64,
+    /// Memory of the share bound, in decisions: each instance's excess decays by `1 / window`
+    /// of itself at every decision, so the price answers a burst of consecutive picks at once
+    /// but caps a sustained skew only softly (a steady excess `e` per decision settles at
+    /// `e × window`). 0 never forgets: the bound holds the long-run share. Default 0.
+    pub share_window: f64,
     /// Weight of the decisions gateway replicas are estimated to take at the same moment on the
     /// same view (see [`crate::load::ConcurrentDecisions`]): with any, the choice is mixed over
     /// the cheapest candidates so that concurrent requests do not all take the same one (see
@@ -252,6 +257,7 @@ impl Default for KvgateParams {
             tie_relative: 0.1,
             max_share: 0.0,
             share_price: 0.2,
+            share_window: 0.0,
             concurrency_weight: 1.0,
             size_weight: 0.0,
         }
@@ -300,6 +306,7 @@ impl KvgateParams {
             ("tpot_slo_ms", self.tpot_slo_ms),
             ("slo_penalty_ms", self.slo_penalty_ms),
             ("share_price", self.share_price),
+            ("share_window", self.share_window),
             ("concurrency_weight", self.concurrency_weight),
             ("size_weight", self.size_weight),
         ];

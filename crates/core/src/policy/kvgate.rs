@@ -657,7 +657,12 @@ impl Policy for Kvgate {
             self.pick(candidates, &scores, req.seed)?
         };
         if self.bounds_share() {
-            self.share.record(candidates, i, self.params.max_share);
+            self.share.record(
+                candidates,
+                i,
+                self.params.max_share,
+                self.params.share_window,
+            );
         }
         let any_match = candidates.iter().any(|c| c.matched.total() > 0);
         let reason = if !any_match {

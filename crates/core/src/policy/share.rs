@@ -82,10 +82,18 @@ impl ShareLedger {
     /// Records that `chosen` (an index into `candidates`) took the request: its queue gains the
     /// request, every candidate's drains by its allowance, `max_share` times its capacity share
     /// (see [`capacity_share`]).
-    pub fn record(&self, candidates: &[Candidate], chosen: usize, max_share: f64) {
+    ///
+    /// With a `window` of `W > 0` decisions every queue first keeps `1 − 1/W` of itself (at
+    /// least 0), so what it holds is the recent excess rather than the whole history's.
+    pub fn record(&self, candidates: &[Candidate], chosen: usize, max_share: f64, window: f64) {
         if candidates.is_empty() || !(max_share.is_finite() && max_share > 0.0) {
             return;
         }
+        let keep = if window.is_finite() && window > 0.0 {
+            (1.0 - 1.0 / window).max(0.0)
+        } else {
+            1.0
+        };
         let total: f64 = candidates.iter().map(capacity).sum();
         let mut q = self.lock();
         for (i, c) in candidates.iter().enumerate() {
@@ -95,7 +103,7 @@ impl ShareLedger {
             }
             let taken = if i == chosen { 1.0 } else { 0.0 };
             let allowance = max_share * capacity_share(c, total, candidates.len());
-            q[k] = (q[k] + taken - allowance).max(0.0);
+            q[k] = (q[k] * keep + taken - allowance).max(0.0);
         }
     }
 
@@ -146,7 +154,7 @@ mod tests {
         let mut q = Vec::new();
         // Round robin is exactly the mean share: under a bound of 1.3 nothing accumulates.
         for r in 0..1000 {
-            ledger.record(&cs, r % 4, 1.3);
+            ledger.record(&cs, r % 4, 1.3, 0.0);
             ledger.queues(&cs, &mut q);
             assert!(q.iter().all(|&x| x < 1.0), "{q:?}");
         }
@@ -159,7 +167,7 @@ mod tests {
         let mut q = Vec::new();
         // Instance 0 takes half the requests: its excess is 0.5 − 1.3/4 = 0.175 per request.
         for r in 0..400 {
-            ledger.record(&cs, if r % 2 == 0 { 0 } else { 1 + r % 3 }, 1.3);
+            ledger.record(&cs, if r % 2 == 0 { 0 } else { 1 + r % 3 }, 1.3, 0.0);
         }
         ledger.queues(&cs, &mut q);
         assert!((q[0] - 400.0 * 0.175).abs() < 2.0, "{q:?}");
@@ -174,8 +182,8 @@ mod tests {
     fn off_keeps_no_state() {
         let ledger = ShareLedger::default();
         let cs = fleet(3);
-        ledger.record(&cs, 0, 0.0);
-        ledger.record(&cs, 0, f64::NAN);
+        ledger.record(&cs, 0, 0.0, 0.0);
+        ledger.record(&cs, 0, f64::NAN, 10.0);
         assert!(ledger.lock().is_empty());
     }
 
@@ -190,7 +198,7 @@ mod tests {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             let chosen = (x >> 33) as usize % if x.is_multiple_of(3) { 1 } else { 8 };
-            ledger.record(&cs, chosen, 1.3);
+            ledger.record(&cs, chosen, 1.3, 0.0);
         }
         ledger.queues(&cs, &mut q);
         assert!(q.iter().all(|x| x.is_finite() && *x >= 0.0), "{q:?}");
@@ -210,7 +218,7 @@ mod tests {
         // above the mean share 1/8: within a bound of 1.3, nothing accumulates.
         let order: Vec<usize> = (0..3).flat_map(|_| 0..4).chain(4..8).collect();
         for r in 0..1600 {
-            ledger.record(&cs, order[r % order.len()], 1.3);
+            ledger.record(&cs, order[r % order.len()], 1.3, 0.0);
             ledger.queues(&cs, &mut q);
             assert!(q.iter().all(|&x| x < 2.0), "{q:?}");
         }
@@ -218,7 +226,7 @@ mod tests {
         // its bound of 1.3/16: it accumulates 1/8 − 1.3/16 per request.
         let ledger = ShareLedger::default();
         for r in 0..1600 {
-            ledger.record(&cs, r % 8, 1.3);
+            ledger.record(&cs, r % 8, 1.3, 0.0);
         }
         ledger.queues(&cs, &mut q);
         let excess = 1600.0 * (1.0 / 8.0 - 1.3 / 16.0);
@@ -241,5 +249,40 @@ mod tests {
         let total: f64 = cs.iter().map(capacity).sum();
         assert_eq!(capacity_share(&cs[0], total, 4), 0.25);
         assert!((capacity_share(&cs[1], total, 4) - 1.0 / 3.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_window_prices_a_burst_but_forgets_it() {
+        let cs = fleet(8);
+        let mut q = Vec::new();
+        // Ten consecutive picks of instance 0 build a queue with or without a window.
+        let (forever, windowed) = (ShareLedger::default(), ShareLedger::default());
+        for _ in 0..10 {
+            forever.record(&cs, 0, 1.3, 0.0);
+            windowed.record(&cs, 0, 1.3, 10.0);
+        }
+        windowed.queues(&cs, &mut q);
+        assert!(q[0] > 4.0, "{q:?}");
+        // Then the others take their turns: the windowed queue empties, the other one keeps
+        // the whole excess until the allowance pays it off.
+        for r in 0..20 {
+            forever.record(&cs, 1 + r % 7, 1.3, 0.0);
+            windowed.record(&cs, 1 + r % 7, 1.3, 10.0);
+        }
+        windowed.queues(&cs, &mut q);
+        assert_eq!(q[0], 0.0, "{q:?}");
+        forever.queues(&cs, &mut q);
+        assert!(q[0] > 2.0, "{q:?}");
+        // A steady excess settles near excess × window instead of growing without bound.
+        let steady = ShareLedger::default();
+        for r in 0..2000 {
+            steady.record(&cs, if r % 2 == 0 { 0 } else { 1 + r % 7 }, 1.3, 10.0);
+        }
+        steady.queues(&cs, &mut q);
+        let excess = 0.5 - 1.3 / 8.0;
+        assert!(
+            q[0] < 2.0 * excess * 10.0 && q[0] > 0.5 * excess * 10.0,
+            "{q:?}"
+        );
     }
 }
