@@ -80,8 +80,8 @@ impl ShareLedger {
     }
 
     /// Records that `chosen` (an index into `candidates`) took the request: its queue gains the
-    /// request, every candidate's drains by its allowance, `max_share` times its capacity share
-    /// (see [`capacity_share`]).
+    /// request, every candidate's drains by its allowance, `max_share` times its share of the
+    /// candidates' learned prefill rates (the mean share `1 / N` when a rate is unknown).
     ///
     /// With a `window` of `W > 0` decisions every queue first keeps `1 − 1/W` of itself (at
     /// least 0), so what it holds is the recent excess rather than the whole history's.
