@@ -38,6 +38,11 @@
 //! outpriced: the bound is reached within tens of requests whether the instances' costs differ
 //! by 10 % or by 100×.
 //!
+//! With `share_window = W > 0` every queue first keeps `1 − 1/W` of itself at each decision:
+//! a run of consecutive picks of one instance is priced at once and forgotten once the others
+//! have taken their turns, and a steady excess `e` per decision settles near `e × W` instead of
+//! growing, so the bound answers bursts and caps a sustained skew only softly.
+//!
 //! Invariants: every `Q_k` is finite and `>= 0`; the state is one `f64` per instance id seen
 //! (ids are the fleet's bounded slots); `max_share = 0` switches the term off and keeps no
 //! state. Several replicas each bound their own decisions, so their union is bounded too.
