@@ -107,7 +107,7 @@ impl ShareLedger {
                 q.resize(k + 1, 0.0);
             }
             let taken = if i == chosen { 1.0 } else { 0.0 };
-            let allowance = max_share * capacity_share(c, total, candidates.len());
+            let allowance = max_share * capacity_share(capacity(c), total, candidates.len());
             q[k] = (q[k] * keep + taken - allowance).max(0.0);
         }
     }
@@ -133,11 +133,12 @@ fn capacity(c: &Candidate) -> f64 {
     }
 }
 
-/// `c`'s share of the candidates' capacity (`total`, the sum of [`capacity`]); the mean share
-/// `1 / n` when a rate is unknown (a fleet whose total is not positive and finite).
-fn capacity_share(c: &Candidate, total: f64, n: usize) -> f64 {
-    if total.is_finite() && total > 0.0 && capacity(c) > 0.0 {
-        capacity(c) / total
+/// A candidate's share of the candidates' capacity, from its own (`own`, its [`capacity`]) and
+/// their sum (`total`); the mean share `1 / n` when its rate is unknown (0) or the total is not
+/// positive and finite.
+fn capacity_share(own: f64, total: f64, n: usize) -> f64 {
+    if total.is_finite() && total > 0.0 && own > 0.0 {
+        own / total
     } else {
         1.0 / n as f64
     }
@@ -247,13 +248,15 @@ mod tests {
         }
         let total: f64 = cs.iter().map(capacity).sum();
         assert_eq!(total, 0.0);
-        assert!(cs.iter().all(|c| capacity_share(c, total, 4) == 0.25));
+        assert!(cs
+            .iter()
+            .all(|c| capacity_share(capacity(c), total, 4) == 0.25));
         // One unknown among known rates: the unknown one gets the mean share.
         let mut cs = fleet(4);
         cs[0].rates.prefill_tokens_per_s = 0.0;
         let total: f64 = cs.iter().map(capacity).sum();
-        assert_eq!(capacity_share(&cs[0], total, 4), 0.25);
-        assert!((capacity_share(&cs[1], total, 4) - 1.0 / 3.0).abs() < 1e-12);
+        assert_eq!(capacity_share(capacity(&cs[0]), total, 4), 0.25);
+        assert!((capacity_share(capacity(&cs[1]), total, 4) - 1.0 / 3.0).abs() < 1e-12);
     }
 
     #[test]
