@@ -293,6 +293,46 @@ impl Trace {
         })
     }
 
+    /// Spreads requests that share a timestamp over the interval to the next distinct one, each at
+    /// a uniform offset drawn from `seed`, in their trace order (the offsets are sorted).
+    ///
+    /// Mooncake traces record arrivals on a coarse clock (the conversation trace's timestamps are
+    /// multiples of ~3 s, ~9 requests each): replayed as written, every group reaches the router
+    /// in the same instant, which no real client population does. Spreading keeps each request
+    /// inside its own clock tick, so the mean rate and the order are the trace's. A group on the
+    /// last timestamp spreads over the gap before it (the trace says nothing past its end); a
+    /// trace with one timestamp has no interval to spread over and is returned unchanged.
+    pub fn spread_ties(&self, seed: u64) -> Trace {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let mut requests = self.requests.clone();
+        let mut start = 0;
+        let mut previous_gap = None;
+        while start < requests.len() {
+            let t = requests[start].timestamp_ms;
+            let end = start + requests[start..].partition_point(|r| r.timestamp_ms == t);
+            let gap = requests
+                .get(end)
+                .map(|r| r.timestamp_ms - t)
+                .or(previous_gap);
+            if let (Some(gap), true) = (gap, end - start > 1) {
+                let mut offsets: Vec<u64> = (start..end).map(|_| rng.gen_range(0..gap)).collect();
+                offsets.sort_unstable();
+                for (r, o) in requests[start..end].iter_mut().zip(offsets) {
+                    r.timestamp_ms = t + o;
+                }
+            }
+            if end < requests.len() {
+                previous_gap = gap;
+            }
+            start = end;
+        }
+        Trace {
+            requests,
+            block_tokens: self.block_tokens,
+        }
+    }
+
     /// Time from the first to the last arrival.
     pub fn duration(&self) -> Duration {
         match (self.requests.first(), self.requests.last()) {
@@ -389,6 +429,65 @@ mod tests {
 
     fn parse(s: &str) -> Result<Trace, TraceError> {
         Trace::parse(s.as_bytes(), 4)
+    }
+
+    fn at(times: &[u64]) -> Trace {
+        let requests = times
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| TraceRequest {
+                timestamp_ms: t,
+                input_length: 4,
+                output_length: 1,
+                hash_ids: vec![i as u64],
+            })
+            .collect();
+        Trace {
+            requests,
+            block_tokens: 4,
+        }
+    }
+
+    #[test]
+    fn ties_spread_within_their_tick_in_trace_order() {
+        let times = [0, 0, 0, 0, 3000, 6000, 6000, 6000, 9000, 9000];
+        let t = at(&times).spread_ties(7);
+        let got: Vec<u64> = t.requests.iter().map(|r| r.timestamp_ms).collect();
+        // Order and identities kept, every request inside its own tick.
+        let ids: Vec<u64> = t.requests.iter().map(|r| r.hash_ids[0]).collect();
+        assert_eq!(ids, (0..10).collect::<Vec<u64>>());
+        assert!(got.windows(2).all(|w| w[0] <= w[1]), "{got:?}");
+        for (i, (&g, &w)) in got.iter().zip(&times).enumerate() {
+            let tick_end = if w == 9000 {
+                12_000
+            } else {
+                times[i..]
+                    .iter()
+                    .copied()
+                    .find(|&x| x > w)
+                    .unwrap_or(u64::MAX)
+            };
+            assert!(
+                g >= w && g < tick_end,
+                "request {i}: {g} outside [{w}, {tick_end})"
+            );
+        }
+        // A request alone on its timestamp stays there; groups no longer arrive at one instant.
+        assert_eq!(got[4], 3000);
+        assert!(got[..4].windows(2).any(|w| w[0] != w[1]), "{got:?}");
+        assert!(got[5..8].windows(2).any(|w| w[0] != w[1]), "{got:?}");
+        // The same seed draws the same arrivals, another seed others.
+        assert_eq!(at(&times).spread_ties(7), t);
+        assert_ne!(at(&times).spread_ties(8), t);
+    }
+
+    #[test]
+    fn a_trace_without_ties_or_interval_is_unchanged() {
+        let distinct = at(&[0, 5, 9, 20]);
+        assert_eq!(distinct.spread_ties(1), distinct);
+        let one_instant = at(&[4, 4, 4]);
+        assert_eq!(one_instant.spread_ties(1), one_instant);
+        assert_eq!(at(&[]).spread_ties(1), at(&[]));
     }
 
     #[test]

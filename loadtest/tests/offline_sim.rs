@@ -209,6 +209,7 @@ fn small_cli_args(out: &std::path::Path, records: &std::path::Path) -> OfflineAr
         event_lag_ms: 0,
         warm_up_requests: 0,
         shuffle_simultaneous: false,
+        spread_ties: false,
         rates: RatesMode::Nominal,
         index_capacity_factor: 2.0,
         expire_interval_ms: 60_000,
@@ -310,6 +311,69 @@ fn a_later_window_of_the_trace_replays_from_time_zero() {
     assert!(e.to_string().contains("no requests"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+/// `--spread-ties`: the slice's requests no longer arrive in groups on its ~3 s clock, each stays
+/// inside its own tick (at the replay's speed-up), and the report says the ties were spread.
+#[test]
+fn spread_ties_send_each_tick_s_requests_apart_within_it() {
+    let dir = std::env::temp_dir().join(format!("kvgate-offline-spread-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let (out, records) = (dir.join("report.json"), dir.join("records.jsonl"));
+    let whole = Trace::load_with(data("conversation_slice.jsonl"), 512).expect("trace");
+    let args = OfflineArgs {
+        policies: "round_robin".into(),
+        spread_ties: true,
+        ..small_cli_args(&out, &records)
+    };
+    let report = run_cli(args).expect("cli run");
+    assert!(report.params.spread_ties);
+    let text = std::fs::read_to_string(&records).expect("read records");
+    let mut sent: Vec<(usize, f64)> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("record line"))
+        .map(|l| {
+            let i = l["index"].as_u64().expect("index") as usize;
+            (i, l["scheduled_at_s"].as_f64().expect("scheduled"))
+        })
+        .collect();
+    sent.sort_by_key(|&(i, _)| i);
+    assert_eq!(sent.len(), 80);
+    let ticks = |ts: &mut dyn Iterator<Item = f64>| {
+        let mut v: Vec<u64> = ts.map(|s| (s * 1e6) as u64).collect();
+        v.dedup();
+        v.len()
+    };
+    let trace_ticks = ticks(&mut whole.requests[..80].iter().map(|r| r.timestamp_ms as f64));
+    let sent_ticks = ticks(&mut sent.iter().map(|&(_, s)| s));
+    assert!(
+        sent_ticks > 2 * trace_ticks,
+        "{sent_ticks} send times for {trace_ticks} ticks"
+    );
+    // Sent exactly as the trace spread with `--synth-seed` (times from the first arrival, at
+    // speed-up 2), which keeps each request inside its tick.
+    let spread = whole.spread_ties(1);
+    let start = spread.requests[0].timestamp_ms;
+    for (i, s) in sent {
+        let want = (spread.requests[i].timestamp_ms - start) as f64 / 2000.0;
+        assert!(
+            (s - want).abs() < 1e-6,
+            "request {i} sent at {s}, spread to {want}"
+        );
+        let (t, spread_t) = (
+            whole.requests[i].timestamp_ms,
+            spread.requests[i].timestamp_ms,
+        );
+        let next = whole.requests[i..]
+            .iter()
+            .map(|r| r.timestamp_ms)
+            .find(|&x| x > t);
+        assert!(
+            spread_t >= t && next.is_none_or(|n| spread_t < n),
+            "request {i}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bad_overrides_and_policies_are_errors() {
     use kvgate_loadtest::offline::policies::{apply_overrides, resolve_policies};

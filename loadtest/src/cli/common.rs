@@ -36,6 +36,11 @@ pub struct WorkloadArgs {
     /// Use only requests within this many seconds of trace time from the first.
     #[arg(long)]
     pub trace_window_s: Option<f64>,
+    /// Spread requests that share a timestamp uniformly (drawn from --seed, trace order kept)
+    /// over the interval to the next distinct timestamp, instead of sending each group at one
+    /// instant (Mooncake traces keep a coarse clock: ~3 s ticks in the conversation trace).
+    #[arg(long)]
+    pub spread_ties: bool,
 }
 
 impl WorkloadArgs {
@@ -51,6 +56,12 @@ impl WorkloadArgs {
             Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
             Some(s) => bail!("--trace-window-s must be > 0, got {s}"),
             None => None,
+        };
+        // Before slicing: a tick's interval is read from the next timestamp in the whole trace.
+        let trace = if self.spread_ties {
+            trace.spread_ties(self.seed)
+        } else {
+            trace
         };
         let t = trace
             .skip(self.skip_requests)

@@ -114,6 +114,11 @@ pub struct OfflineArgs {
     /// `--seed` (as concurrent sends reach a live gateway) instead of the trace's order.
     #[arg(long)]
     pub shuffle_simultaneous: bool,
+    /// Spread requests that share a timestamp uniformly (drawn from `--synth-seed`, as `compare
+    /// --spread-ties` draws them from its `--seed`) over the interval to the next distinct
+    /// timestamp, in trace order.
+    #[arg(long)]
+    pub spread_ties: bool,
     /// Skip the no-queue TTFT and E2E floors (the slowest references).
     #[arg(long)]
     pub no_floor: bool,
@@ -189,6 +194,9 @@ pub struct RunParams {
     /// Whether simultaneous arrivals were shuffled.
     #[serde(default)]
     pub shuffle_simultaneous: bool,
+    /// Whether requests sharing a timestamp were spread over their tick (`--spread-ties`).
+    #[serde(default)]
+    pub spread_ties: bool,
     /// Prefill rate the router assumed per instance, tokens/s.
     pub prefill_tokens_per_s: f64,
     /// Decode interference the router assumed, ms per decoding sequence.
@@ -270,6 +278,10 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
             ))
         }
     };
+    if args.spread_ties {
+        // Before slicing: a tick's interval is read from the next timestamp in the whole trace.
+        trace = trace.spread_ties(args.synth_seed);
+    }
     trace = trace.skip(args.skip_requests);
     if let Some(n) = args.max_requests {
         trace = trace.slice(Some(n), None);
@@ -412,6 +424,7 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
             event_lag_ms: cfg.router.event_lag_ms,
             warm_up_requests: cfg.router.warm_up_requests,
             shuffle_simultaneous: cfg.router.shuffle_simultaneous,
+            spread_ties: args.spread_ties,
             prefill_tokens_per_s: cfg.router.rates.prefill_tokens_per_s,
             decode_interference_ms: cfg.router.rates.decode_interference_ms,
             policy_config: serde_json::to_value(&cfg.policy).unwrap_or(serde_json::Value::Null),
