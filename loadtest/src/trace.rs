@@ -76,6 +76,17 @@ impl TraceRequest {
     }
 }
 
+/// How [`Trace::spread_ties`] places the requests of one timestamp within its tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum TieSpread {
+    /// At independent uniform offsets (sorted, so the trace order holds): arrivals within a
+    /// tick cluster and gap as a random population's do.
+    Uniform,
+    /// At equal intervals, the first at the tick's start.
+    Even,
+}
+
 /// A whole trace: requests sorted by arrival plus the block size their ids refer to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trace {
@@ -293,8 +304,8 @@ impl Trace {
         })
     }
 
-    /// Spreads requests that share a timestamp over the interval to the next distinct one, each at
-    /// a uniform offset drawn from `seed`, in their trace order (the offsets are sorted).
+    /// Spreads requests that share a timestamp over the interval to the next distinct one, in
+    /// their trace order: at uniform offsets drawn from `seed` (sorted), or evenly.
     ///
     /// Mooncake traces record arrivals on a coarse clock (the conversation trace's timestamps are
     /// multiples of ~3 s, ~9 requests each): replayed as written, every group reaches the router
@@ -302,7 +313,7 @@ impl Trace {
     /// inside its own clock tick, so the mean rate and the order are the trace's. A group on the
     /// last timestamp spreads over the gap before it (the trace says nothing past its end); a
     /// trace with one timestamp has no interval to spread over and is returned unchanged.
-    pub fn spread_ties(&self, seed: u64) -> Trace {
+    pub fn spread_ties(&self, how: TieSpread, seed: u64) -> Trace {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
         let mut requests = self.requests.clone();
@@ -315,8 +326,12 @@ impl Trace {
                 .get(end)
                 .map(|r| r.timestamp_ms - t)
                 .or(previous_gap);
-            if let (Some(gap), true) = (gap, end - start > 1) {
-                let mut offsets: Vec<u64> = (start..end).map(|_| rng.gen_range(0..gap)).collect();
+            let k = (end - start) as u64;
+            if let (Some(gap), true) = (gap, k > 1) {
+                let mut offsets: Vec<u64> = match how {
+                    TieSpread::Uniform => (0..k).map(|_| rng.gen_range(0..gap)).collect(),
+                    TieSpread::Even => (0..k).map(|i| i * gap / k).collect(),
+                };
                 offsets.sort_unstable();
                 for (r, o) in requests[start..end].iter_mut().zip(offsets) {
                     r.timestamp_ms = t + o;
@@ -451,7 +466,7 @@ mod tests {
     #[test]
     fn ties_spread_within_their_tick_in_trace_order() {
         let times = [0, 0, 0, 0, 3000, 6000, 6000, 6000, 9000, 9000];
-        let t = at(&times).spread_ties(7);
+        let t = at(&times).spread_ties(TieSpread::Uniform, 7);
         let got: Vec<u64> = t.requests.iter().map(|r| r.timestamp_ms).collect();
         // Order and identities kept, every request inside its own tick.
         let ids: Vec<u64> = t.requests.iter().map(|r| r.hash_ids[0]).collect();
@@ -477,17 +492,27 @@ mod tests {
         assert!(got[..4].windows(2).any(|w| w[0] != w[1]), "{got:?}");
         assert!(got[5..8].windows(2).any(|w| w[0] != w[1]), "{got:?}");
         // The same seed draws the same arrivals, another seed others.
-        assert_eq!(at(&times).spread_ties(7), t);
-        assert_ne!(at(&times).spread_ties(8), t);
+        assert_eq!(at(&times).spread_ties(TieSpread::Uniform, 7), t);
+        assert_ne!(at(&times).spread_ties(TieSpread::Uniform, 8), t);
     }
 
     #[test]
     fn a_trace_without_ties_or_interval_is_unchanged() {
         let distinct = at(&[0, 5, 9, 20]);
-        assert_eq!(distinct.spread_ties(1), distinct);
-        let one_instant = at(&[4, 4, 4]);
-        assert_eq!(one_instant.spread_ties(1), one_instant);
-        assert_eq!(at(&[]).spread_ties(1), at(&[]));
+        for how in [TieSpread::Uniform, TieSpread::Even] {
+            assert_eq!(distinct.spread_ties(how, 1), distinct);
+            let one_instant = at(&[4, 4, 4]);
+            assert_eq!(one_instant.spread_ties(how, 1), one_instant);
+            assert_eq!(at(&[]).spread_ties(how, 1), at(&[]));
+        }
+    }
+
+    #[test]
+    fn even_spreading_places_a_tick_s_requests_at_equal_intervals() {
+        let t = at(&[0, 0, 0, 0, 3000, 3000, 3000]).spread_ties(TieSpread::Even, 99);
+        let got: Vec<u64> = t.requests.iter().map(|r| r.timestamp_ms).collect();
+        // The last tick borrows the gap before it.
+        assert_eq!(got, [0, 750, 1500, 2250, 3000, 4000, 5000]);
     }
 
     #[test]

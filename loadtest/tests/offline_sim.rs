@@ -9,7 +9,7 @@ use kvgate_loadtest::offline::{
     references, run_cli, run_policies, FleetSpec, IndexMode, OfflineArgs, OfflineConfig,
     OfflineReport, Workload,
 };
-use kvgate_loadtest::trace::Trace;
+use kvgate_loadtest::trace::{TieSpread, Trace};
 use kvgate_sim::model::EngineParams;
 
 fn data(name: &str) -> PathBuf {
@@ -209,7 +209,7 @@ fn small_cli_args(out: &std::path::Path, records: &std::path::Path) -> OfflineAr
         event_lag_ms: 0,
         warm_up_requests: 0,
         shuffle_simultaneous: false,
-        spread_ties: false,
+        spread_ties: None,
         rates: RatesMode::Nominal,
         index_capacity_factor: 2.0,
         expire_interval_ms: 60_000,
@@ -321,11 +321,11 @@ fn spread_ties_send_each_tick_s_requests_apart_within_it() {
     let whole = Trace::load_with(data("conversation_slice.jsonl"), 512).expect("trace");
     let args = OfflineArgs {
         policies: "round_robin".into(),
-        spread_ties: true,
+        spread_ties: Some(TieSpread::Uniform),
         ..small_cli_args(&out, &records)
     };
     let report = run_cli(args).expect("cli run");
-    assert!(report.params.spread_ties);
+    assert_eq!(report.params.spread_ties, Some(TieSpread::Uniform));
     let text = std::fs::read_to_string(&records).expect("read records");
     let mut sent: Vec<(usize, f64)> = text
         .lines()
@@ -350,7 +350,7 @@ fn spread_ties_send_each_tick_s_requests_apart_within_it() {
     );
     // Sent exactly as the trace spread with `--synth-seed` (times from the first arrival, at
     // speed-up 2), which keeps each request inside its tick.
-    let spread = whole.spread_ties(1);
+    let spread = whole.spread_ties(TieSpread::Uniform, 1);
     let start = spread.requests[0].timestamp_ms;
     for (i, s) in sent {
         let want = (spread.requests[i].timestamp_ms - start) as f64 / 2000.0;

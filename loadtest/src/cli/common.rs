@@ -9,7 +9,7 @@ use kvgate_loadtest::prompt::{ApiKind, PromptBuilder, TokenCountError};
 use kvgate_loadtest::replay::TenantMix;
 use kvgate_loadtest::report::Report;
 use kvgate_loadtest::synth::Workload;
-use kvgate_loadtest::trace::Trace;
+use kvgate_loadtest::trace::{TieSpread, Trace};
 use kvgate_tokenizer::TokenMode;
 
 /// The workload: a trace file or a synthetic generator.
@@ -36,11 +36,12 @@ pub struct WorkloadArgs {
     /// Use only requests within this many seconds of trace time from the first.
     #[arg(long)]
     pub trace_window_s: Option<f64>,
-    /// Spread requests that share a timestamp uniformly (drawn from --seed, trace order kept)
-    /// over the interval to the next distinct timestamp, instead of sending each group at one
-    /// instant (Mooncake traces keep a coarse clock: ~3 s ticks in the conversation trace).
-    #[arg(long)]
-    pub spread_ties: bool,
+    /// Spread requests that share a timestamp over the interval to the next distinct timestamp,
+    /// in trace order, instead of sending each group at one instant (Mooncake traces keep a
+    /// coarse clock: ~3 s ticks in the conversation trace): at uniform offsets drawn from --seed
+    /// (`uniform`, the default when the flag is given bare) or at equal intervals (`even`).
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "uniform", value_name = "HOW")]
+    pub spread_ties: Option<TieSpread>,
 }
 
 impl WorkloadArgs {
@@ -58,10 +59,9 @@ impl WorkloadArgs {
             None => None,
         };
         // Before slicing: a tick's interval is read from the next timestamp in the whole trace.
-        let trace = if self.spread_ties {
-            trace.spread_ties(self.seed)
-        } else {
-            trace
+        let trace = match self.spread_ties {
+            Some(how) => trace.spread_ties(how, self.seed),
+            None => trace,
         };
         let t = trace
             .skip(self.skip_requests)

@@ -21,7 +21,7 @@ use super::utilisation::{find_speed_up, SpeedUpFit};
 use super::workload::Workload;
 use super::OfflineError;
 use crate::synth;
-use crate::trace::Trace;
+use crate::trace::{TieSpread, Trace};
 
 /// Arguments of `kvgate-loadtest offline`.
 #[derive(Clone, Debug, clap::Args)]
@@ -114,11 +114,12 @@ pub struct OfflineArgs {
     /// `--seed` (as concurrent sends reach a live gateway) instead of the trace's order.
     #[arg(long)]
     pub shuffle_simultaneous: bool,
-    /// Spread requests that share a timestamp uniformly (drawn from `--synth-seed`, as `compare
-    /// --spread-ties` draws them from its `--seed`) over the interval to the next distinct
-    /// timestamp, in trace order.
-    #[arg(long)]
-    pub spread_ties: bool,
+    /// Spread requests that share a timestamp over the interval to the next distinct timestamp,
+    /// in trace order: at uniform offsets drawn from `--synth-seed` (`uniform`, the default when
+    /// the flag is given bare; `compare --spread-ties --seed S` draws the same for S) or at equal
+    /// intervals (`even`).
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "uniform", value_name = "HOW")]
+    pub spread_ties: Option<TieSpread>,
     /// Skip the no-queue TTFT and E2E floors (the slowest references).
     #[arg(long)]
     pub no_floor: bool,
@@ -194,9 +195,10 @@ pub struct RunParams {
     /// Whether simultaneous arrivals were shuffled.
     #[serde(default)]
     pub shuffle_simultaneous: bool,
-    /// Whether requests sharing a timestamp were spread over their tick (`--spread-ties`).
+    /// How requests sharing a timestamp were spread over their tick (`--spread-ties`), if they
+    /// were.
     #[serde(default)]
-    pub spread_ties: bool,
+    pub spread_ties: Option<TieSpread>,
     /// Prefill rate the router assumed per instance, tokens/s.
     pub prefill_tokens_per_s: f64,
     /// Decode interference the router assumed, ms per decoding sequence.
@@ -278,9 +280,9 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
             ))
         }
     };
-    if args.spread_ties {
+    if let Some(how) = args.spread_ties {
         // Before slicing: a tick's interval is read from the next timestamp in the whole trace.
-        trace = trace.spread_ties(args.synth_seed);
+        trace = trace.spread_ties(how, args.synth_seed);
     }
     trace = trace.skip(args.skip_requests);
     if let Some(n) = args.max_requests {
