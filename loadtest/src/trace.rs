@@ -1,4 +1,4 @@
-//! Mooncake-format request traces: parse, write, slice, speed up, summarise.
+//! Mooncake-format request traces: parse, write, slice, speed up, spread ties, summarise.
 //!
 //! One JSON object per line: `{"timestamp": ms, "input_length": tokens, "output_length": tokens,
 //! "hash_ids": [block ids]}`. `hash_ids` are prefix-chained ids of `block_tokens`-token blocks
@@ -330,11 +330,15 @@ impl Trace {
             if let (Some(gap), true) = (gap, k > 1) {
                 let mut offsets: Vec<u64> = match how {
                     TieSpread::Uniform => (0..k).map(|_| rng.gen_range(0..gap)).collect(),
-                    TieSpread::Even => (0..k).map(|i| i * gap / k).collect(),
+                    // In u128: a trace's timestamps are outside input, and `i × gap` may not
+                    // fit in u64 where `i × gap / k < gap` does.
+                    TieSpread::Even => (0..k)
+                        .map(|i| (u128::from(i) * u128::from(gap) / u128::from(k)) as u64)
+                        .collect(),
                 };
                 offsets.sort_unstable();
                 for (r, o) in requests[start..end].iter_mut().zip(offsets) {
-                    r.timestamp_ms = t + o;
+                    r.timestamp_ms = t.saturating_add(o);
                 }
             }
             if end < requests.len() {
@@ -504,6 +508,17 @@ mod tests {
             let one_instant = at(&[4, 4, 4]);
             assert_eq!(one_instant.spread_ties(how, 1), one_instant);
             assert_eq!(at(&[]).spread_ties(how, 1), at(&[]));
+        }
+    }
+
+    #[test]
+    fn timestamps_near_the_end_of_the_clock_spread_without_overflow() {
+        let far = u64::MAX - 10;
+        for how in [TieSpread::Uniform, TieSpread::Even] {
+            let t = at(&[0, 0, 0, far, far, far]).spread_ties(how, 3);
+            let got: Vec<u64> = t.requests.iter().map(|r| r.timestamp_ms).collect();
+            assert!(got.windows(2).all(|w| w[0] <= w[1]), "{got:?}");
+            assert!(got[..3].iter().all(|&g| g < far) && got[3..].iter().all(|&g| g >= far));
         }
     }
 

@@ -311,6 +311,7 @@ fn a_later_window_of_the_trace_replays_from_time_zero() {
     assert!(e.to_string().contains("no requests"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
 /// `--spread-ties`: the slice's requests no longer arrive in groups on its ~3 s clock, each stays
 /// inside its own tick (at the replay's speed-up), and the report says the ties were spread.
 #[test]
