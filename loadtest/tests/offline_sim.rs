@@ -274,11 +274,17 @@ fn cli_writes_a_json_report() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn a_later_window_of_the_trace_replays_from_time_zero() {
-    let dir = std::env::temp_dir().join(format!("kvgate-offline-skip-{}", std::process::id()));
+/// A fresh directory for one test's report and records: (directory, report path, records path).
+fn scratch(tag: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("kvgate-offline-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let (out, records) = (dir.join("report.json"), dir.join("records.jsonl"));
+    (dir, out, records)
+}
+
+#[test]
+fn a_later_window_of_the_trace_replays_from_time_zero() {
+    let (dir, out, records) = scratch("skip");
     let whole = Trace::load_with(data("conversation_slice.jsonl"), 512).expect("trace");
     let first_left = &whole.requests[200];
     assert!(
@@ -316,9 +322,7 @@ fn a_later_window_of_the_trace_replays_from_time_zero() {
 /// inside its own tick (at the replay's speed-up), and the report says the ties were spread.
 #[test]
 fn spread_ties_send_each_tick_s_requests_apart_within_it() {
-    let dir = std::env::temp_dir().join(format!("kvgate-offline-spread-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("tmp dir");
-    let (out, records) = (dir.join("report.json"), dir.join("records.jsonl"));
+    let (dir, out, records) = scratch("spread");
     let whole = Trace::load_with(data("conversation_slice.jsonl"), 512).expect("trace");
     let args = OfflineArgs {
         policies: "round_robin".into(),
