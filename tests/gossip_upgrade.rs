@@ -1,8 +1,9 @@
 //! The middle of a rolling upgrade, for real: replica A is an earlier release's `kvgate` binary
 //! (a child process), replica B this release's gateway, gossiping in front of the same three mock
 //! engines. The earlier binary is built from git history by `tests/gossip_upgrade.sh`, which runs
-//! this test with `KVGATE_EARLIER_BIN` set; it is ignored otherwise (CI does not build earlier
-//! releases; `crates/gossip/tests/wire_golden` pins the wire format against them byte for byte).
+//! this test with `KVGATE_EARLIER_BIN` set, once per earlier release (CI runs the script); it is
+//! ignored by a plain `cargo test`, which has no earlier binary
+//! (`crates/gossip/tests/wire_golden` pins the wire format against those releases byte for byte).
 //!
 //! Asserts, each within a bounded wait: both see each other alive; a prefix routed through either
 //! is routed to the same instance, with cached blocks, by the other; a request A holds in flight
