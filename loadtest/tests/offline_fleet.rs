@@ -154,6 +154,8 @@ fn the_cli_runs_a_mixed_fleet_on_a_synthetic_workload() {
         event_lag_ms: 0,
         warm_up_requests: 0,
         shuffle_simultaneous: false,
+        ingest_us_per_ktoken: 0.0,
+        ingest_jitter_us: 0,
         spread_ties: None,
         rates,
         index_capacity_factor: 2.0,

@@ -209,6 +209,8 @@ fn small_cli_args(out: &std::path::Path, records: &std::path::Path) -> OfflineAr
         event_lag_ms: 0,
         warm_up_requests: 0,
         shuffle_simultaneous: false,
+        ingest_us_per_ktoken: 0.0,
+        ingest_jitter_us: 0,
         spread_ties: None,
         rates: RatesMode::Nominal,
         index_capacity_factor: 2.0,
@@ -375,6 +377,60 @@ fn spread_ties_send_each_tick_s_requests_apart_within_it() {
             spread_t >= t && next.is_none_or(|n| spread_t < n),
             "request {i}"
         );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn requests_are_decided_after_their_ingest_time_in_that_order() {
+    let (dir, out, records) = scratch("ingest");
+    // 20 ms per 1,000 prompt tokens: long prompts are decided after short ones sent just after.
+    let per_ktoken = 20_000.0;
+    let args = OfflineArgs {
+        policies: "round_robin".into(),
+        ingest_us_per_ktoken: per_ktoken,
+        ..small_cli_args(&out, &records)
+    };
+    let engines = args.engines;
+    let report = run_cli(args).expect("cli run");
+    assert_eq!(report.params.ingest_us_per_ktoken, per_ktoken);
+    let text = std::fs::read_to_string(&records).expect("read records");
+    let mut reqs: Vec<(usize, u64, usize, f64)> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("record line"))
+        .map(|l| {
+            let tokens = l["prompt_tokens"].as_u64().expect("prompt tokens");
+            let at_us = (l["scheduled_at_s"].as_f64().expect("scheduled") * 1e6).round() as u64;
+            let decided = at_us + (tokens as f64 * per_ktoken / 1000.0) as u64;
+            let instance: usize = l["instance"]
+                .as_str()
+                .and_then(|s| s.parse().ok())
+                .expect("instance");
+            let ttft = l["ttft_s"].as_f64().expect("ttft");
+            // Its time to first token counts from its arrival, the ingest included.
+            assert!(ttft * 1e6 >= (decided - at_us) as f64, "{l}");
+            (
+                l["index"].as_u64().expect("index") as usize,
+                decided,
+                instance,
+                ttft,
+            )
+        })
+        .collect();
+    assert_eq!(reqs.len(), 80);
+    for bad in [-1.0, f64::NAN, f64::INFINITY] {
+        let args = OfflineArgs {
+            ingest_us_per_ktoken: bad,
+            ..small_cli_args(&out, &records)
+        };
+        assert!(run_cli(args).is_err(), "{bad} accepted");
+    }
+    // The rotation took them in the order of their decision times, not of their arrivals.
+    reqs.sort_by_key(|&(i, decided, _, _)| (decided, i));
+    let reordered = reqs.windows(2).filter(|w| w[0].0 > w[1].0).count();
+    assert!(reordered > 0, "the ingest time moved no request");
+    for (rank, &(i, _, instance, _)) in reqs.iter().enumerate() {
+        assert_eq!(instance, rank % engines, "request {i}, decided {rank}th");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

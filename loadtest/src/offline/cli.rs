@@ -114,6 +114,16 @@ pub struct OfflineArgs {
     /// `--seed` (as concurrent sends reach a live gateway) instead of the trace's order.
     #[arg(long)]
     pub shuffle_simultaneous: bool,
+    /// Time from a request's arrival to the routing decision, virtual µs per 1,000 prompt tokens
+    /// (0: at once). Live the body is built, sent, read and hashed first, so long prompts are
+    /// decided after short ones sent just after them; to mirror a live run at `--time-scale S`,
+    /// S times the wall-clock rate measured there (docs/loadtest.md).
+    #[arg(long, default_value_t = 0.0, value_name = "US")]
+    pub ingest_us_per_ktoken: f64,
+    /// Each request's extra time to the decision, uniform in [0, this) virtual µs, drawn from
+    /// `--seed` (0: none): the live path's jitter, which reorders requests sent that close.
+    #[arg(long, default_value_t = 0, value_name = "US")]
+    pub ingest_jitter_us: u64,
     /// Spread requests that share a timestamp over the interval to the next distinct timestamp,
     /// in trace order: at uniform offsets drawn from `--synth-seed` (`uniform`, the default when
     /// the flag is given bare; `compare --spread-ties --seed S` draws the same for S) or at equal
@@ -195,6 +205,12 @@ pub struct RunParams {
     /// Whether simultaneous arrivals were shuffled.
     #[serde(default)]
     pub shuffle_simultaneous: bool,
+    /// Ingest time to the decision, virtual µs per 1,000 prompt tokens.
+    #[serde(default)]
+    pub ingest_us_per_ktoken: f64,
+    /// Largest ingest jitter, virtual µs.
+    #[serde(default)]
+    pub ingest_jitter_us: u64,
     /// How requests sharing a timestamp were spread over their tick (`--spread-ties`), if they
     /// were.
     #[serde(default)]
@@ -338,6 +354,14 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
     router.event_lag_ms = args.event_lag_ms;
     router.warm_up_requests = args.warm_up_requests;
     router.shuffle_simultaneous = args.shuffle_simultaneous;
+    if !(args.ingest_us_per_ktoken.is_finite() && args.ingest_us_per_ktoken >= 0.0) {
+        return Err(OfflineError::Param(format!(
+            "--ingest-us-per-ktoken must be a finite number ≥ 0, not {}",
+            args.ingest_us_per_ktoken
+        )));
+    }
+    router.ingest_us_per_ktoken = args.ingest_us_per_ktoken;
+    router.ingest_jitter_us = args.ingest_jitter_us;
     router.expire_interval_ms = args.expire_interval_ms.max(1);
     match args.rates {
         // The router holds one rate for every instance, as the gateway's `[routing.rates]` does;
@@ -426,6 +450,8 @@ pub fn run_cli(args: OfflineArgs) -> Result<OfflineReport, OfflineError> {
             event_lag_ms: cfg.router.event_lag_ms,
             warm_up_requests: cfg.router.warm_up_requests,
             shuffle_simultaneous: cfg.router.shuffle_simultaneous,
+            ingest_us_per_ktoken: cfg.router.ingest_us_per_ktoken,
+            ingest_jitter_us: cfg.router.ingest_jitter_us,
             spread_ties: args.spread_ties,
             prefill_tokens_per_s: cfg.router.rates.prefill_tokens_per_s,
             decode_interference_ms: cfg.router.rates.decode_interference_ms,

@@ -9,6 +9,9 @@
 //!   still has work. A step's effects (first tokens, completions, KV events) become visible at
 //!   its end time; KV events reach the router's index `event_lag_ms` later (in the order the
 //!   steps ended), before any event at or after that time is processed.
+//! - A request reaches the router at its decision time (its arrival plus the router settings'
+//!   ingest time: `RouterSettings::decision_at_us`), requests in the order of those times; its
+//!   latencies count from its arrival.
 //! - Everything is bounded by the workload: one arrival event pending at a time, at most one step
 //!   event per engine, per-request state in vectors sized once.
 
@@ -22,7 +25,7 @@ use kvgate_sim::model::{EngineModel, EngineParams, KvEvent, SimRequest, StepOutc
 use super::result::{ClassResult, PolicyResult, TimelinePoint};
 use super::router::{nominal_rates, request_seed, SimRouter};
 use super::summary::Dist;
-use super::workload::{OfflineRequest, Workload};
+use super::workload::Workload;
 use super::OfflineError;
 
 /// One engine of the simulated fleet.
@@ -244,23 +247,26 @@ impl Spread {
     }
 }
 
-/// Request numbers in the order they reach the router: arrival order, and with `shuffle` each
-/// run of requests arriving at the same instant in a random order drawn from `seed` (live, the
-/// replayer sends such a burst concurrently and its requests reach the gateway in no fixed
-/// order; in index order, a rotation would pin the same request to the same place every run).
-fn arrival_order(reqs: &[OfflineRequest], seed: u64, shuffle: bool) -> Vec<u32> {
-    let mut order: Vec<u32> = (0..reqs.len() as u32).collect();
+/// Request numbers in the order they reach the policy, given the time each does (`at`, one per
+/// request): time order, equal times in request order, and with `shuffle` each run of requests
+/// reaching it at the same instant in a random order drawn from `seed` (live, the replayer sends
+/// such a burst concurrently and its requests reach the gateway in no fixed order; in index
+/// order, a rotation would pin the same request to the same place every run).
+fn arrival_order(at: &[u64], seed: u64, shuffle: bool) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..at.len() as u32).collect();
+    // Stable: equal times keep request order.
+    order.sort_by_key(|&i| at[i as usize]);
     if !shuffle {
         return order;
     }
     let mut draws = 0u64;
     let mut start = 0;
-    while start < reqs.len() {
-        let at = reqs[start].arrival_us;
+    while start < order.len() {
+        let t = at[order[start] as usize];
         let end = start
-            + reqs[start..]
+            + order[start..]
                 .iter()
-                .take_while(|r| r.arrival_us == at)
+                .take_while(|&&i| at[i as usize] == t)
                 .count();
         // Fisher–Yates over the run.
         for j in (start + 1..end).rev() {
@@ -311,9 +317,16 @@ pub fn simulate(
         seq += 1;
         heap.push(Reverse((t, request_seed(seed, seq), ev)));
     };
-    let order = arrival_order(reqs, seed, router.shuffles_simultaneous());
+    // When each request reaches the policy (its arrival plus the router's ingest time); times
+    // (TTFT, E2E) still count from its arrival.
+    let decide_at: Vec<u64> = reqs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| router.decision_at_us(i, r.arrival_us, r.prompt_tokens, seed))
+        .collect();
+    let order = arrival_order(&decide_at, seed, router.shuffles_simultaneous());
     if let Some(&i) = order.first() {
-        push(&mut heap, reqs[i as usize].arrival_us, Ev::Arrival(0));
+        push(&mut heap, decide_at[i as usize], Ev::Arrival(0));
     }
 
     let mut steps = Steps {
@@ -390,7 +403,7 @@ pub fn simulate(
                 if let Some(&next) = order.get(k + 1) {
                     push(
                         &mut heap,
-                        reqs[next as usize].arrival_us,
+                        decide_at[next as usize],
                         Ev::Arrival((k + 1) as u32),
                     );
                 }
@@ -711,22 +724,23 @@ fn start_step(
 mod tests {
     use super::*;
 
-    fn at(times: &[u64]) -> Vec<OfflineRequest> {
-        times
-            .iter()
-            .map(|&t| OfflineRequest {
-                arrival_us: t,
-                prompt_tokens: 16,
-                output_tokens: 1,
-                blocks: vec![],
-            })
-            .collect()
+    #[test]
+    fn without_shuffle_requests_arrive_in_workload_order() {
+        assert_eq!(
+            arrival_order(&[0, 0, 0, 5, 5, 9], 7, false),
+            vec![0, 1, 2, 3, 4, 5]
+        );
     }
 
     #[test]
-    fn without_shuffle_requests_arrive_in_workload_order() {
-        let reqs = at(&[0, 0, 0, 5, 5, 9]);
-        assert_eq!(arrival_order(&reqs, 7, false), vec![0, 1, 2, 3, 4, 5]);
+    fn requests_reach_the_policy_in_the_order_of_their_times() {
+        // Request 0 arrived first but is decided last (a long prompt's ingest time).
+        assert_eq!(arrival_order(&[30, 5, 5, 12], 7, false), vec![1, 2, 3, 0]);
+        let a = arrival_order(&[30, 5, 5, 5, 5, 5, 5, 12], 3, true);
+        assert_eq!(a[6..], [7, 0]);
+        let mut first: Vec<u32> = a[..6].to_vec();
+        first.sort_unstable();
+        assert_eq!(first, vec![1, 2, 3, 4, 5, 6]);
     }
 
     #[test]
@@ -734,24 +748,23 @@ mod tests {
         let times: Vec<u64> = (0..40)
             .flat_map(|t| std::iter::repeat_n(t * 10, 9))
             .collect();
-        let reqs = at(&times);
-        let a = arrival_order(&reqs, 1, true);
+        let a = arrival_order(&times, 1, true);
         // A permutation, in time order, equal for equal seeds and not the identity.
         let mut sorted = a.clone();
         sorted.sort_unstable();
-        assert_eq!(sorted, (0..reqs.len() as u32).collect::<Vec<_>>());
+        assert_eq!(sorted, (0..times.len() as u32).collect::<Vec<_>>());
         assert!(a
             .windows(2)
-            .all(|w| reqs[w[0] as usize].arrival_us <= reqs[w[1] as usize].arrival_us));
-        assert_eq!(a, arrival_order(&reqs, 1, true));
+            .all(|w| times[w[0] as usize] <= times[w[1] as usize]));
+        assert_eq!(a, arrival_order(&times, 1, true));
         let moved = a
             .iter()
             .enumerate()
             .filter(|(k, &i)| *k != i as usize)
             .count();
-        assert!(moved > reqs.len() / 2, "{moved} of {} moved", reqs.len());
+        assert!(moved > times.len() / 2, "{moved} of {} moved", times.len());
         // Another seed, another order; a lone request never moves.
-        assert_ne!(a, arrival_order(&reqs, 2, true));
-        assert_eq!(arrival_order(&at(&[0, 3, 8]), 1, true), vec![0, 1, 2]);
+        assert_ne!(a, arrival_order(&times, 2, true));
+        assert_eq!(arrival_order(&[0, 3, 8], 1, true), vec![0, 1, 2]);
     }
 }

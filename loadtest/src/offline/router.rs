@@ -114,6 +114,15 @@ pub struct RouterSettings {
     /// Whether requests arriving at the same instant reach the router in a seeded random order
     /// rather than the workload's (see `engine_loop::arrival_order`).
     pub shuffle_simultaneous: bool,
+    /// How long a request takes from its arrival to the policy, virtual µs per 1,000 prompt
+    /// tokens (0: at once). Live, the body is built, sent, read, parsed and hashed first, in time
+    /// that grows with the prompt, so a long prompt reaches the decision after a short one sent
+    /// a few milliseconds later: the order the router decides in is not the trace's.
+    pub ingest_us_per_ktoken: f64,
+    /// Each request's extra delay to the policy, uniform in `[0, ingest_jitter_us)` virtual µs,
+    /// drawn from the seed (0: none): the live path's jitter, which reorders requests sent
+    /// within it of each other.
+    pub ingest_jitter_us: u64,
 }
 
 impl RouterSettings {
@@ -139,7 +148,25 @@ impl RouterSettings {
             event_lag_ms: 0,
             warm_up_requests: 0,
             shuffle_simultaneous: false,
+            ingest_us_per_ktoken: 0.0,
+            ingest_jitter_us: 0,
         }
+    }
+
+    /// When request number `id` (arriving at `arrival_us` with `prompt_tokens`) reaches the
+    /// policy, virtual µs: its arrival plus the ingest time of
+    /// [`RouterSettings::ingest_us_per_ktoken`] and a draw of
+    /// [`RouterSettings::ingest_jitter_us`] from `seed`. Saturates at the end of the clock.
+    pub fn decision_at_us(&self, id: usize, arrival_us: u64, prompt_tokens: u32, seed: u64) -> u64 {
+        let s = self;
+        // Float to integer saturates (and maps NaN to 0); a negative rate is no delay.
+        let ingest = (f64::from(prompt_tokens) * s.ingest_us_per_ktoken.max(0.0) / 1000.0) as u64;
+        let jitter = if s.ingest_jitter_us > 0 {
+            request_seed(seed ^ INGEST_SALT, id as u64) % s.ingest_jitter_us
+        } else {
+            0
+        };
+        arrival_us.saturating_add(ingest).saturating_add(jitter)
     }
 
     /// The core router's configuration for these settings.
@@ -316,6 +343,12 @@ impl SimRouter {
         self.settings.shuffle_simultaneous
     }
 
+    /// When request number `id` reaches the policy (see [`RouterSettings::decision_at_us`]).
+    pub fn decision_at_us(&self, id: usize, arrival_us: u64, prompt_tokens: u32, seed: u64) -> u64 {
+        self.settings
+            .decision_at_us(id, arrival_us, prompt_tokens, seed)
+    }
+
     /// Marks the scrape at `now` done.
     pub fn scraped(&mut self, now: Millis) {
         self.next_scrape_ms = now + self.settings.scrape_interval_ms;
@@ -457,6 +490,9 @@ fn tier(m: Medium) -> Tier {
     }
 }
 
+/// Separates the ingest jitter's draws from the other draws of the same seed.
+const INGEST_SALT: u64 = 0x696e_6765_7374_2121;
+
 /// Per-request tie-breaking seed: SplitMix64 of the run seed and the request number.
 pub fn request_seed(seed: u64, n: u64) -> u64 {
     let mut z = seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -503,6 +539,42 @@ mod tests {
         assert_eq!(b.len(), 25);
         assert_eq!(a[..16], b[..16]);
         assert_ne!(a[16..24], b[16..24]);
+    }
+
+    #[test]
+    fn a_request_reaches_the_policy_after_its_ingest_time() {
+        let mut s = RouterSettings::gateway_defaults(vec![]);
+        // Off by default: at its arrival.
+        assert_eq!(s.decision_at_us(3, 1_000, 50_000, 1), 1_000);
+        s.ingest_us_per_ktoken = 400.0;
+        assert_eq!(s.decision_at_us(3, 1_000, 50_000, 1), 21_000);
+        assert_eq!(s.decision_at_us(3, 1_000, 0, 1), 1_000);
+        // A long prompt arriving first reaches it after a short one arriving 5 ms later.
+        assert!(s.decision_at_us(0, 0, 50_000, 1) > s.decision_at_us(1, 5_000, 1_000, 1));
+        // Jitter: within its bound, drawn per request and seed, the same for the same draw.
+        s.ingest_us_per_ktoken = 0.0;
+        s.ingest_jitter_us = 1_000;
+        let draws: Vec<u64> = (0..64)
+            .map(|i| s.decision_at_us(i, 10, 100, 7) - 10)
+            .collect();
+        assert!(draws.iter().all(|&d| d < 1_000), "{draws:?}");
+        assert!(draws.iter().any(|&d| d != draws[0]), "{draws:?}");
+        assert_eq!(
+            s.decision_at_us(5, 10, 100, 7),
+            s.decision_at_us(5, 10, 100, 7)
+        );
+        assert_ne!(
+            (0..64)
+                .map(|i| s.decision_at_us(i, 10, 100, 8))
+                .collect::<Vec<_>>(),
+            draws.iter().map(|d| d + 10).collect::<Vec<_>>()
+        );
+        // Never past the end of the clock, whatever the rate.
+        s.ingest_us_per_ktoken = f64::INFINITY;
+        assert_eq!(s.decision_at_us(1, u64::MAX - 5, 1, 1), u64::MAX);
+        s.ingest_us_per_ktoken = f64::NAN;
+        s.ingest_jitter_us = 0;
+        assert_eq!(s.decision_at_us(1, 7, 100, 1), 7);
     }
 
     #[test]
