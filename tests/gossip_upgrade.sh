@@ -9,8 +9,7 @@
 # datagrams (the two releases of the wire golden files, crates/gossip/tests/wire_golden).
 #
 # Each earlier binary is cached under target/earlier/ by commit. It is built in this tree's own
-# target directory, so the dependencies already compiled here are reused (tens of seconds per
-# release instead of minutes); that build leaves its `kvgate` in target/debug/, where this tree's
+# target directory, so the dependencies already compiled here are reused; that build leaves its `kvgate` in target/debug/, where this tree's
 # tests look for theirs, so this tree's binary is put back afterwards. CI runs this (.ci/run)
 # unless its clone is shallow: a release is built from its commit, which must be in the history.
 set -euo pipefail
@@ -62,6 +61,7 @@ for ref in "${refs[@]}"; do
     # the key; later ones need it, or they would bind their own fixed admin port.
     if git -C "$root" grep -q 'admin_listen' "$commit" -- src/config; then admin_key=1; else admin_key=0; fi
     echo "earlier release: $commit"
+    # `--workspace`: the features the whole suite resolved, so its build is reused as it is.
     KVGATE_EARLIER_BIN="$root/target/earlier/kvgate-$commit" KVGATE_EARLIER_ADMIN_LISTEN=$admin_key \
-        cargo test --quiet --test gossip_upgrade -- --ignored
+        cargo test --quiet --workspace --test gossip_upgrade -- --ignored
 done
