@@ -9,9 +9,10 @@
 # datagrams (the two releases of the wire golden files, crates/gossip/tests/wire_golden).
 #
 # Each earlier binary is cached under target/earlier/ by commit. It is built in this tree's own
-# target directory, so the dependencies already compiled here are reused; that build leaves its `kvgate` in target/debug/, where this tree's
-# tests look for theirs, so this tree's binary is put back afterwards. CI runs this (.ci/run)
-# unless its clone is shallow: a release is built from its commit, which must be in the history.
+# target directory, so the dependencies already compiled here are reused; that build leaves its
+# `kvgate` in target/debug/, where this tree's tests look for theirs, so this tree's binary is
+# put back afterwards. CI runs this (.ci/run) unless its clone is shallow: a release is built
+# from its commit, which must be in the history.
 set -euo pipefail
 
 refs=("$@")

@@ -158,11 +158,11 @@ impl RouterSettings {
     /// [`RouterSettings::ingest_us_per_ktoken`] and a draw of
     /// [`RouterSettings::ingest_jitter_us`] from `seed`. Saturates at the end of the clock.
     pub fn decision_at_us(&self, id: usize, arrival_us: u64, prompt_tokens: u32, seed: u64) -> u64 {
-        let s = self;
         // Float to integer saturates (and maps NaN to 0); a negative rate is no delay.
-        let ingest = (f64::from(prompt_tokens) * s.ingest_us_per_ktoken.max(0.0) / 1000.0) as u64;
-        let jitter = if s.ingest_jitter_us > 0 {
-            request_seed(seed ^ INGEST_SALT, id as u64) % s.ingest_jitter_us
+        let ingest =
+            (f64::from(prompt_tokens) * self.ingest_us_per_ktoken.max(0.0) / 1000.0) as u64;
+        let jitter = if self.ingest_jitter_us > 0 {
+            request_seed(seed ^ INGEST_SALT, id as u64) % self.ingest_jitter_us
         } else {
             0
         };
