@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where follow-up turns go and what they find cached there, per contender.
 
-Usage: follow_up_turns.py TRACE RESULTS [--skip N] [--within S]
+Usage: follow_up_turns.py TRACE RESULTS [--skip N] [--within S] [--sent-window S]
 
 TRACE is the Mooncake-format trace that was replayed (JSON Lines with `hash_ids`), RESULTS a
 `kvgate-loadtest compare ... --keep-records` result; `--skip N` the run's `--skip-requests`.
