@@ -10,21 +10,23 @@ most recent request holding the deepest shared id is its *previous* turn) and wa
 `--within` seconds of it (default 20; wall seconds, as the records keep them). For each
 contender, the follow-ups sent back to their previous turn's instance and those sent elsewhere:
 how many, their share of the follow-ups' prompt tokens, and the share of their prompt tokens the
-engines found cached. For those sent
-elsewhere, also how often the instance chosen was the one that had been *sent* the deepest part
-of the prompt's prefix within the last `--sent-window` seconds (default 60; by the requests the
-run sent, not what the engines still held) and what share of the hash ids that was (mean over
-the requests; and of their prompt tokens, summed). Those sent
-to such a prefix are split by the state of the request that put it there (the latest one sent
-to that instance with the deepest shared id): still waiting for its first token when the
-follow-up was sent (its prefill not yet done), or done, and then how long before and how many
-uncached prompt tokens the instance was sent between its first token and the follow-up (what
-could have evicted the prefix); with the share of the sent prefix's tokens found cached. With
-several replicas (records naming one), the follow-ups that reached the replica that had decided
-their previous turn and those that reached another: how many went back, and their share of the
-prompt tokens. Used
-in docs/gossip.md to tell whether replicas lose hits by sending turns away, by choosing worse
-places, or by what those places still hold.
+engines found cached. For those sent elsewhere, also how often the instance chosen was the one
+that had been *sent* the deepest part of the prompt's prefix within the last `--sent-window`
+seconds (default 60; by the requests the run sent, not what the engines still held) and what
+share of the hash ids that was (mean over the requests; and of their prompt tokens, summed).
+Those sent to such a prefix are split by the state of the request that put it there (the latest
+one sent to that instance with the deepest shared id): still waiting for its first token when
+the follow-up was sent (its prefill not yet done), or done, and then how long before and how
+many uncached prompt tokens the instance was sent between its first token and the follow-up
+(what could have evicted the prefix); with the share of the sent prefix's tokens found cached.
+With several replicas (records naming one), the follow-ups that reached the replica that had
+decided their previous turn and those that reached another: how many went back, and their share
+of the prompt tokens. Used in docs/gossip.md to tell whether replicas lose hits by sending turns
+away, by choosing worse places, or by what those places still hold.
+
+Follow-ups are found as in `loadtest/src/report/follow_ups.rs` (what `compare` prints as
+"follow-up turns"), but in trace order over every request rather than in send order over the
+completed ones, without its two-block minimum, and within the `--within` window.
 """
 import argparse
 import bisect
@@ -32,6 +34,7 @@ import collections
 import json
 import statistics
 
+# Tokens per hash id in the Mooncake format (`DEFAULT_BLOCK_TOKENS` in loadtest/src/trace.rs).
 BLOCK_TOKENS = 512
 
 
@@ -112,18 +115,20 @@ def follow_ups(trace: list, records: dict, within: float, window: float) -> dict
             and now - before["scheduled_at_s"] < within
         ):
             where = "previous" if record["instance"] == before["instance"] else "elsewhere"
+            prompt = record.get("prompt_tokens") or 0
+            cached = record.get("cached_tokens") or 0
             if record.get("replica") is not None:
                 same = record.get("replica") == before.get("replica")
                 by = rows["same replica" if same else "other replica"]
                 by["n"] += 1
-                by["prompt"] += record.get("prompt_tokens") or 0
+                by["prompt"] += prompt
                 if where == "previous":
                     by["back"] += 1
-                    by["back_prompt"] += record.get("prompt_tokens") or 0
+                    by["back_prompt"] += prompt
             row = rows[where]
             row["n"] += 1
-            row["cached"] += record.get("cached_tokens") or 0
-            row["prompt"] += record.get("prompt_tokens") or 0
+            row["cached"] += cached
+            row["prompt"] += prompt
             if where == "elsewhere" and ids:
                 depth = {
                     inst: sent_prefix(held, ids, now, window)
@@ -134,15 +139,16 @@ def follow_ups(trace: list, records: dict, within: float, window: float) -> dict
                 if got > 0 and got == max(depth.values()):
                     row["deepest"] += 1
                 row["share"] += got / len(ids)
-                row["sent"] += min(got * BLOCK_TOKENS, record.get("prompt_tokens") or 0)
+                sent_tokens = min(got * BLOCK_TOKENS, prompt)
+                row["sent"] += sent_tokens
                 if got > 0:
                     source = records[sent[record["instance"]][ids[got - 1]][1]]
                     first = first_token_at(source)
                     state = "computed" if first <= record["sent_at_s"] else "computing"
                     src = rows[state]
                     src["n"] += 1
-                    src["cached"] += record.get("cached_tokens") or 0
-                    src["sent"] += min(got * BLOCK_TOKENS, record.get("prompt_tokens") or 0)
+                    src["cached"] += cached
+                    src["sent"] += sent_tokens
                     if state == "computed":
                         src["age"].append(record["sent_at_s"] - first)
                         src["between"].append(
